@@ -1,0 +1,1 @@
+"""Shared harness of the memory-efficient training suite."""

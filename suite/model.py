@@ -1,0 +1,179 @@
+"""The layered view of a Hugging Face model (embed, blocks, head) through which every method runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from suite import rng
+from suite.config import ModelConfig
+from suite.data import MicroBatch
+
+ATTN_IMPL = "suite_keyed"
+
+
+def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Scaled dot-product attention whose probability dropout draws a keyed mask.
+
+    Without dropout it defers to transformers' SDPA kernel; with dropout it computes the eager
+    path (SDPA cannot take an external dropout mask).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if dropout == 0.0 or not module.training:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=0.0, **kwargs)
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = rng.keyed_dropout(probs, dropout, True)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPL, _keyed_attention)
+
+
+@dataclass
+class LayerContext:
+    """Per-micro-batch state every layer call needs: its key, mask, labels and loss divisor."""
+
+    seed: int
+    step: int
+    offset: int
+    mask: torch.Tensor | None
+    mb: MicroBatch
+    denom: int
+    logits: torch.Tensor | None = None
+
+
+class BertHead(nn.Module):
+    """Pooler + dropout + classifier + loss of BertForSequenceClassification, as one layer."""
+
+    def __init__(self, hf):
+        super().__init__()
+        self.pooler = hf.bert.pooler
+        self.dropout = hf.dropout
+        self.classifier = hf.classifier
+        self.num_labels = hf.config.num_labels
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int):
+        logits = self.classifier(self.dropout(self.pooler(hidden)))
+        if self.num_labels == 1:  # regression (STS-B)
+            loss = torch.nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
+        else:
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        return loss / denom, logits
+
+
+class LayeredModel(nn.Module):
+    """A model as an ordered list of layers: layer 0 embeds, 1..L are blocks, L+1 is the head.
+
+    `forward_layer` is the one place a layer is called; its `module` argument lets a method run a
+    copy of the layer (a device slot, a 16-bit replica) with the same semantics and keys.
+    """
+
+    def __init__(self, hf: nn.Module, cfg: ModelConfig):
+        super().__init__()
+        self.hf = hf
+        self.cfg = cfg
+        self.layers = nn.ModuleList([hf.bert.embeddings, *hf.bert.encoder.layer, BertHead(hf)])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_named_parameters(self, index: int) -> list[tuple[str, nn.Parameter]]:
+        """(Hugging Face name, parameter) pairs of one layer, so results are keyed by HF names."""
+        by_id = {id(p): n for n, p in self.hf.named_parameters()}
+        return [(by_id[id(p)], p) for p in self.layers[index].parameters()]
+
+    def gradient_free(self) -> set[str]:
+        """Parameters whose gradient is zero in exact arithmetic (a key bias shifts every score of a query
+        equally, and softmax ignores that), so their trajectory under Adam-type optimizers is rounding noise."""
+        return {n for n, _ in self.hf.named_parameters() if n.endswith("attention.self.key.bias")}
+
+    def begin(self, mb: MicroBatch, seed: int, step: int, denom: int) -> LayerContext:
+        """Per-micro-batch context; the attention mask is None when nothing is padded."""
+        mask = None
+        if mb.attention_mask is not None and not bool(mb.attention_mask.all()):
+            mask = mb.attention_mask.bool()[:, None, None, :]
+        return LayerContext(seed, step, mb.offset, mask, mb, denom)
+
+    def forward_layer(self, index: int, x, ctx: LayerContext, module: nn.Module | None = None):
+        """Run layer `index` (or a stand-in `module`) under the key (seed, step, layer, sample offset).
+
+        Layer 0 takes the micro-batch; blocks take and return hidden states; the head returns the
+        micro-batch's share of the minibatch loss (sum / denom) and keeps its logits in ctx.
+        """
+        module = self.layers[index] if module is None else module
+        with rng.keyed(ctx.seed, ctx.step, index, ctx.offset):
+            if index == 0:
+                return module(input_ids=ctx.mb.input_ids, token_type_ids=ctx.mb.token_type_ids)
+            if index == self.num_layers - 1:
+                loss, logits = module(x, ctx.mb.labels, ctx.denom)
+                ctx.logits = logits.detach()
+                return loss
+            out = module(x, attention_mask=ctx.mask)
+            # transformers 4.x returns a tuple, 5.x a tensor.
+            return out[0] if isinstance(out, tuple) else out
+
+    def forward_micro_batch(self, ctx: LayerContext) -> torch.Tensor:
+        """All layers in order for one micro-batch; returns its share of the loss."""
+        x = ctx.mb
+        for i in range(self.num_layers):
+            x = self.forward_layer(i, x, ctx)
+        return x
+
+
+def _keyed_dropouts(module: nn.Module) -> None:
+    """Replace every nn.Dropout with a KeyedDropout of the same rate."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Dropout):
+            setattr(module, name, rng.KeyedDropout(child.p))
+        else:
+            _keyed_dropouts(child)
+
+
+def build_model(cfg: ModelConfig, seed: int) -> LayeredModel:
+    """Build (random init from `seed`) or load (cfg.pretrained) the model and wrap it in the layered view."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    _register_attention()
+    cfg = cfg.resolved()
+    torch.manual_seed(seed)  # random init, or the new classifier head of a pretrained model
+    if cfg.pretrained:
+        hf = BertForSequenceClassification.from_pretrained(
+            cfg.pretrained, num_labels=cfg.num_labels, hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout, attn_implementation=ATTN_IMPL)
+    else:
+        hf_cfg = BertConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
+            max_position_embeddings=cfg.max_seq, num_labels=cfg.num_labels,
+            hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout)
+        hf = BertForSequenceClassification._from_config(hf_cfg, attn_implementation=ATTN_IMPL)
+    hf.config.problem_type = "regression" if cfg.num_labels == 1 else "single_label_classification"
+    _keyed_dropouts(hf)
+    hf.train()
+    return LayeredModel(hf, cfg)
+
+
+def plain_copy(model: LayeredModel, attn_implementation: str = "sdpa") -> nn.Module:
+    """The same weights in an unmodified Hugging Face model (stock dropout and attention): the reference
+    for the layered view's correctness and overhead."""
+    import copy
+
+    from transformers import BertForSequenceClassification
+
+    # A copy of the config: _from_config would otherwise switch the layered model's attention too.
+    plain = BertForSequenceClassification._from_config(copy.deepcopy(model.hf.config),
+                                                       attn_implementation=attn_implementation)
+    plain.load_state_dict(model.hf.state_dict())
+    plain.config.problem_type = model.hf.config.problem_type
+    return plain.train(model.training)

@@ -1,0 +1,109 @@
+"""Optimizers that can step one layer at a time: LAMB (the L2L paper's) and torch's AdamW, with an LR schedule."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., 2019): Adam's direction with a per-tensor trust ratio ||w|| / ||update||.
+
+    Vectorised with torch._foreach ops and free of host syncs, so it is fit for a host param
+    server stepping thousands of tensors.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True):
+        if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid LAMB hyper-parameters lr={lr}, betas={betas}, eps={eps}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      bias_correction=bias_correction))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            for p in params:
+                if not self.state[p]:
+                    self.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            states = [self.state[p] for p in params]
+            m = [s["exp_avg"] for s in states]
+            v = [s["exp_avg_sq"] for s in states]
+            for s in states:
+                s["step"] += 1
+            t = states[0]["step"]
+            b1, b2 = group["betas"]
+            torch._foreach_lerp_(m, grads, 1 - b1)
+            torch._foreach_mul_(v, b2)
+            torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+            c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if group["bias_correction"] else (1.0, 1.0)
+            denom = torch._foreach_sqrt(v)
+            torch._foreach_div_(denom, math.sqrt(c2))
+            torch._foreach_add_(denom, group["eps"])
+            update = torch._foreach_div(m, denom)
+            torch._foreach_div_(update, c1)
+            if group["weight_decay"]:
+                torch._foreach_add_(update, params, alpha=group["weight_decay"])
+            w_norm = torch._foreach_norm(params)
+            u_norm = torch._foreach_norm(update)
+            trust = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(w_norm, u_norm)]
+            torch._foreach_mul_(update, trust)
+            torch._foreach_add_(params, update, alpha=-group["lr"])
+
+
+def _no_decay(name: str) -> bool:
+    """BERT convention: no weight decay on biases and LayerNorm weights."""
+    return name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
+
+
+def lr_at(run, step: int) -> float:
+    """Learning rate at optimizer step `step` (0-indexed): constant, or linear warm-up then linear decay."""
+    if run.schedule == "constant":
+        return run.lr if step >= run.warmup_steps else run.lr * (step + 1) / run.warmup_steps
+    total = max(run.total_steps, 1)
+    if step < run.warmup_steps:
+        return run.lr * (step + 1) / run.warmup_steps
+    return run.lr * max(0.0, (total - step) / max(total - run.warmup_steps, 1))
+
+
+class LayerwiseOptimizer:
+    """One optimizer per layer so that a layer can be stepped alone (L2L's host param server does)."""
+
+    def __init__(self, layers: list[list[tuple[str, nn.Parameter]]], run):
+        self.run = run
+        self.opts = [self._make([(n, p) for n, p in named if p.requires_grad]) for named in layers]
+
+    def _make(self, named):
+        decay = [p for n, p in named if not _no_decay(n)]
+        plain = [p for n, p in named if _no_decay(n)]
+        groups = [g for g in (dict(params=decay, weight_decay=self.run.weight_decay),
+                              dict(params=plain, weight_decay=0.0)) if g["params"]]
+        if not groups:
+            return None
+        betas = (self.run.beta1, self.run.beta2)
+        if self.run.optimizer == "lamb":
+            return Lamb(groups, lr=self.run.lr, betas=betas, eps=self.run.eps)
+        return torch.optim.AdamW(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, foreach=True)
+
+    def step_layer(self, index: int, step: int) -> None:
+        """Apply optimizer step number `step` (0-indexed, sets the scheduled LR) to one layer."""
+        opt = self.opts[index]
+        if opt is None:
+            return
+        lr = lr_at(self.run, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+
+    def step(self, step: int) -> None:
+        for i in range(len(self.opts)):
+            self.step_layer(i, step)
+
+    def state_bytes(self) -> int:
+        """Bytes held by the optimizer states (for memory accounting)."""
+        return sum(t.numel() * t.element_size() for o in self.opts if o is not None
+                   for s in o.state.values() for t in s.values() if torch.is_tensor(t))
