@@ -1,0 +1,1 @@
+"""Baseline methods: gradient accumulation (FP32) and automatic mixed precision."""
