@@ -1,0 +1,93 @@
+"""Runs one cell in its own process: build the method, measure it, write one record with exactly one status."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+CELL_KINDS = {}
+
+
+def cell_kind(name: str):
+    """Register a function that runs a cell kind: (run, device, cap) -> metrics dict."""
+    def deco(fn):
+        CELL_KINDS[name] = fn
+        return fn
+    return deco
+
+
+@cell_kind("throughput")
+def throughput_cell(run, device, cap) -> dict:
+    """Synthetic batches through the method: median step time, device and host memory peaks."""
+    from suite.check import build_method
+    from suite.data import synthetic_batches
+    from suite.measure import measure
+
+    method = build_method(run, device)
+    batches = synthetic_batches(run)
+    if run.ranks > 1:  # each rank takes its share of the global minibatch; offsets stay global
+        rank, world = int(os.environ.get("RANK", 0)), run.ranks
+        batches = (b.shard(rank, world) for b in batches)
+    return measure(method, batches, run.warmup, run.steps, device, cap).summary()
+
+
+def classify(exc: BaseException) -> str:
+    """Status of a failed cell: out-of-memory errors are `oom`, anything else `error: <type>: <message>`."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom"
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"error: {type(exc).__name__}: {msg}"[:300]
+
+
+def execute(payload: dict) -> dict:
+    """Run the cell described by `payload` (Cell.resolved()) and return its record."""
+    from suite.config import RunConfig
+    from suite.device import resolve_device
+    from suite.measure import apply_device_memory_cap
+    from suite.provenance import provenance
+
+    started = time.time()
+    record = {"status": "error: did not start", "metrics": {}, "error": None}
+    device = torch.device("cpu")
+    cap = None
+    try:
+        run = RunConfig.from_dict(payload["run"]).validate()
+        device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
+        cap = apply_device_memory_cap(run.device_memory, device)
+        torch.manual_seed(run.seed)
+        record["metrics"] = CELL_KINDS[payload.get("kind", "throughput")](run, device, cap)
+        record["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 — every failure becomes a status, never a lost cell
+        record["status"] = classify(exc)
+        record["error"] = traceback.format_exc()[-4000:]
+        if isinstance(exc, KeyboardInterrupt):
+            record["status"] = "error: interrupted"
+    record["provenance"] = provenance(device, payload.get("profile", "?"), cap)
+    record["duration_s"] = time.time() - started
+    return record
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m suite.cell CELL.json OUT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        payload = json.load(f)
+    from suite.experiment import all_experiments
+
+    all_experiments()  # experiment modules may register their own cell kinds
+    record = execute(payload)
+    if int(os.environ.get("RANK", 0)) == 0:
+        tmp = argv[1] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, default=str)
+        os.replace(tmp, argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

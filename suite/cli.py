@@ -1,0 +1,88 @@
+"""Command line: `python -m suite list | run EXPERIMENT | check METHOD`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from suite.config import ConfigError
+
+
+def _list(args) -> int:
+    from suite import registry
+    from suite.experiment import all_experiments
+
+    print("methods:")
+    for name in registry.names():
+        cls = registry.get(name)
+        opts = ", ".join(f"{k}={o.default} {list(o.choices) if o.choices else ''}".strip()
+                         for k, o in cls.options.items())
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"  {name:16s} precisions {','.join(cls.precisions):12s} {doc}" + (f"  options: {opts}" if opts else ""))
+    print("experiments:")
+    for name, exp in sorted(all_experiments().items()):
+        print(f"  {name:16s} {exp.title}")
+    print("profiles:")
+    print("  tiny   CPU-sized models, minutes (CI)\n  small  a quick GPU run\n"
+          "  paper  the paper's model sizes (needs a GPU)\n  auto   paper on CUDA, tiny on CPU")
+    return 0
+
+
+def _run(args) -> int:
+    from suite.experiment import get_experiment
+    from suite.runner import sweep
+
+    exp = get_experiment(args.experiment)
+    records = sweep(exp, profile=args.profile, only=args.only, force=args.force, device_memory=args.device_memory,
+                    overrides=args.set, wandb_mode=args.wandb, timeout=args.timeout)
+    bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
+    return 1 if bad and args.strict else 0
+
+
+def _check(args) -> int:
+    from suite import registry
+    from suite.check import check, default_precision
+    from suite.config import RunConfig, apply_overrides
+    from suite.device import resolve_device
+
+    cls = registry.get(args.method)
+    registry.get(args.against)
+    run = apply_overrides(RunConfig(method=args.method), args.set or [], cls.options)
+    if not any(s.startswith("precision=") for s in args.set or []):
+        run.precision = default_precision(args.method, resolve_device(run.device))
+    result = check(run, args.against, args.steps)
+    print(result.report())
+    return 0 if result.passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="methods, experiments and profiles").set_defaults(fn=_list)
+    r = sub.add_parser("run", help="run (or resume) an experiment and write its tables")
+    r.add_argument("experiment")
+    r.add_argument("--profile", default="auto", help="tiny | small | paper | auto (default)")
+    r.add_argument("--only", action="append", metavar="ROW", help="run only this row (repeatable)")
+    r.add_argument("--force", action="store_true", help="re-run cells that already finished")
+    r.add_argument("--device-memory", metavar="SIZE", help="cap the GPU's memory, e.g. 16GiB")
+    r.add_argument("--wandb", choices=["off", "offline", "online"], default=None,
+                   help="W&B mode (default: online with an API key, else offline)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    r.add_argument("--timeout", type=float, help="seconds per cell (default: the experiment's)")
+    r.add_argument("--strict", action="store_true", help="exit non-zero if any cell errored or timed out")
+    r.set_defaults(fn=_run)
+    c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
+    c.add_argument("method")
+    c.add_argument("--against", default="grad_accum")
+    c.add_argument("--steps", type=int, default=3)
+    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    c.set_defaults(fn=_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

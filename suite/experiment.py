@@ -1,0 +1,144 @@
+"""Experiment definitions: rows with the paper's values, per-profile configs, and the cells they expand to."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import json
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from suite import registry
+from suite.config import ConfigError, RunConfig, apply_overrides
+from suite.measure import METHODOLOGY_VERSION
+
+PROFILES = ("tiny", "small", "paper", "auto")
+
+
+def resolve_profile(name: str) -> str:
+    """'auto' is `paper` on a CUDA machine and `tiny` on a CPU one."""
+    if name not in PROFILES:
+        raise ConfigError(f"unknown profile {name!r}; accepted profiles: {', '.join(PROFILES)}")
+    if name == "auto":
+        return "paper" if torch.cuda.is_available() else "tiny"
+    return name
+
+
+@dataclass
+class Metric:
+    """A measured column: summary key, label, and whether the table shows a ratio to the baseline row."""
+
+    key: str
+    label: str
+    fmt: str = "{:.2f}"
+    ratio: bool = True
+
+
+@dataclass
+class Row:
+    """One row of a paper table: the method, its overrides, display labels and the paper's values."""
+
+    name: str
+    method: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, Any] = field(default_factory=dict)
+    paper: dict[str, float | str | None] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    """One (row, resolved config) point of an experiment at a profile."""
+
+    experiment: str
+    row: Row
+    run: RunConfig
+    profile: str
+    kind: str = "throughput"
+    timeout: float = 600.0
+
+    def resolved(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "row": self.row.name, "profile": self.profile, "kind": self.kind,
+                "run": self.run.to_dict(), "methodology": METHODOLOGY_VERSION}
+
+    @property
+    def key(self) -> str:
+        """Hash of the fully resolved config: the cell's identity in results/runs/."""
+        blob = json.dumps(self.resolved(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Experiment:
+    """A paper table or figure: its rows per profile, the metrics, and the row ratios are taken against."""
+
+    name: str
+    title: str
+    source: str
+    metrics: list[Metric]
+    label_columns: list[str]
+    baseline: str
+    rows: Callable[[str], list[Row]]
+    base: Callable[[str], dict[str, Any]]
+    notes: str = ""
+    kind: str = "throughput"
+    timeout: Callable[[str], float] = lambda profile: 1800.0 if profile == "paper" else 600.0
+    figure: Callable | None = None
+
+    def cells(self, profile: str, only: list[str] | None = None, overrides: list[str] | None = None,
+              device_memory: str | None = None) -> list[Cell]:
+        """Expand rows into validated cells; `only` selects rows by name, `overrides` are --set pairs."""
+        profile = resolve_profile(profile)
+        rows = self.rows(profile)
+        if only:
+            names = [r.name for r in rows]
+            for o in only:
+                if o not in names:
+                    raise ConfigError(f"experiment {self.name} has no row {o!r}{_close(o, names)}; "
+                                      f"rows: {', '.join(names)}")
+            rows = [r for r in rows if r.name in only]
+        cells = []
+        for row in rows:
+            run = RunConfig(method=row.method)
+            run = apply_overrides(run, {**self.base(profile), **row.overrides})
+            opts = registry.get(row.method).options if registry.is_registered(row.method) else None
+            if overrides:
+                run = apply_overrides(run, overrides, opts)
+            if device_memory is not None:
+                run.device_memory = device_memory
+            if run.device == "auto":  # resolve here so a CPU and a GPU result never share a cache key
+                run.device = "cuda" if torch.cuda.is_available() else "cpu"
+            cells.append(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)))
+        return cells
+
+
+def _close(word: str, choices) -> str:
+    hits = difflib.get_close_matches(word, list(choices), n=3)
+    return f" (did you mean {', '.join(hits)}?)" if hits else ""
+
+
+def all_experiments() -> dict[str, Experiment]:
+    """Every module in `experiments/` that defines EXPERIMENT, by name."""
+    import experiments
+
+    found = {}
+    for info in pkgutil.iter_modules(experiments.__path__):
+        mod = importlib.import_module(f"experiments.{info.name}")
+        exp = getattr(mod, "EXPERIMENT", None)
+        if exp is not None:
+            found[exp.name] = exp
+    return found
+
+
+def get_experiment(name: str) -> Experiment:
+    exps = all_experiments()
+    if name not in exps:
+        raise ConfigError(f"unknown experiment {name!r}{_close(name, exps)}; experiments: {', '.join(sorted(exps))}")
+    return exps[name]
+
+
+def replace_run(cell: Cell, **changes) -> Cell:
+    return dataclasses.replace(cell, run=dataclasses.replace(cell.run, **changes))

@@ -1,0 +1,152 @@
+"""Weights & Biases tracking: one run per result cell, one table run per experiment."""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+MODES = ("off", "offline", "online")
+PROJECT = "memtrain-suite"
+
+# WANDB_MODE values we honour; "disabled" is W&B's spelling of our "off".
+_ENV_MODES = {"disabled": "off", "offline": "offline", "online": "online"}
+_warned_missing = False
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    # `wandb login` stores the key in netrc under the API host; honour NETRC like wandb does.
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        return bool(host) and netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_mode(mode: str | None) -> str:
+    """Map a requested mode (None/"auto"/one of MODES) to one of MODES."""
+    if mode is None:
+        env = _ENV_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower())
+        if env:
+            return env
+        mode = "auto"
+    if mode == "auto":
+        # Never go online by surprise: without a key, runs stay local for a later `wandb sync`.
+        return "online" if _has_api_key() else "offline"
+    if mode not in MODES:
+        raise ValueError(f"invalid W&B mode {mode!r}; expected one of {', '.join(MODES)} or auto")
+    return mode
+
+
+def _wandb():
+    """Import wandb lazily: the GPU image lacks it, and tracking must not break a run there."""
+    global _warned_missing
+    try:
+        import wandb
+    except ImportError:
+        if not _warned_missing:
+            _warned_missing = True
+            print("warning: wandb is not installed; W&B tracking disabled", file=sys.stderr)
+        return None
+    return wandb
+
+
+def _run(wandb, *, experiment: str, name: str, job_type: str, mode: str, dir: str | None,
+         config: dict | None = None):
+    if dir is not None:
+        os.makedirs(dir, exist_ok=True)
+    # Everything optional is off: each cell run should cost well under a second, and the
+    # system monitor / git / code capture say nothing about a cell that already finished.
+    settings = wandb.Settings(
+        silent=True,
+        console="off",
+        x_disable_stats=True,
+        x_disable_machine_info=True,
+        disable_git=True,
+        save_code=False,
+        x_save_requirements=False,
+        disable_job_creation=True,
+    )
+    return wandb.init(
+        project=PROJECT,
+        group=experiment,
+        job_type=job_type,
+        name=name,
+        config=config,
+        mode=mode,
+        dir=dir,
+        reinit="finish_previous",
+        settings=settings,
+    )
+
+
+def log_cell(
+    *,
+    experiment: str,
+    row: str,
+    method: str,
+    config: dict,
+    provenance: dict,
+    summary: dict,
+    status: str,
+    mode: str,
+    dir: str | None = None,
+) -> str | None:
+    """Record one cell as a W&B run; return its run directory, or None when not tracked."""
+    mode = resolve_mode(mode)
+    if mode == "off" or (wandb := _wandb()) is None:
+        return None
+    full_config = {**config, "provenance": provenance, "row": row, "experiment": experiment}
+    run = _run(wandb, experiment=experiment, name=f"{experiment}/{row}", job_type=method,
+               mode=mode, dir=dir, config=full_config)
+    try:
+        # NaN/None are stored as null (and inf as "Infinity") by wandb itself; nothing to sanitise.
+        run.summary.update({**summary, "status": status})
+        return str(run.settings.sync_dir)
+    finally:
+        run.finish()
+
+
+def log_table(
+    *, experiment: str, columns: list[str], rows: list[list], mode: str, dir: str | None = None
+) -> str | None:
+    """Record an experiment's whole results table as one extra run; return its run directory."""
+    mode = resolve_mode(mode)
+    if mode == "off" or (wandb := _wandb()) is None:
+        return None
+    run = _run(wandb, experiment=experiment, name=f"{experiment}/table", job_type="table",
+               mode=mode, dir=dir)
+    try:
+        run.log({experiment: wandb.Table(columns=list(columns), data=[list(r) for r in rows])})
+        return str(run.settings.sync_dir)
+    finally:
+        run.finish()
+
+
+def read_offline_run(run_dir: str) -> dict:
+    """Return {"config", "summary"} that a local run recorded, wandb-internal "_" keys dropped.
+
+    Uses `wandb leet inspect --summary --json`, which replays the run's .wandb log offline
+    (wandb 0.31 ships no Python reader: wandb.sdk.internal.datastore is gone). Quirk: keys
+    whose value was recorded as null (None or NaN) are absent from its summary.
+    """
+    exe = Path(sys.executable).with_name("wandb")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "wandb"]
+    # Offline + no error reporting: keeps wandb-core from trying to reach a telemetry server.
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false"}
+    out = subprocess.run(
+        [*cmd, "leet", "inspect", "--summary", "--json", str(run_dir)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"wandb leet inspect failed on {run_dir}: {out.stderr.strip()}")
+    data = json.loads(out.stdout)
+    strip = lambda d: {k: v for k, v in (d or {}).items() if not k.startswith("_")}  # noqa: E731
+    return {"config": strip(data.get("config")), "summary": strip(data.get("summary"))}
