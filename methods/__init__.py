@@ -1,0 +1,1 @@
+"""Execution methods beyond the baselines; each module registers itself."""

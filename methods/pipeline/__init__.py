@@ -1,0 +1,1 @@
+"""Pipeline parallelism: schedule IR, validator, simulator, partitioner (pure Python, no torch)."""
