@@ -1,0 +1,42 @@
+# Every target sets up (or refreshes) the project's virtual environment first, so a fresh machine
+# needs only `make table2` or `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU wheel; an unpinned torch would pull gigabytes of CUDA packages.
+TORCH ?= torch==2.13.0
+PROFILE ?= auto
+RUN_FLAGS ?=
+
+.PHONY: setup test test-cuda test-slow bench table2 list clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test,metrics]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+test-cuda: $(STAMP)
+	$(PY) -m pytest -q -m cuda
+
+bench: $(STAMP)
+	$(PY) -m pytest -q --benchmark-only -m "not cuda"
+	$(PY) -m suite.overhead
+
+list: $(STAMP)
+	$(PY) -m suite list
+
+table2: $(STAMP)
+	$(PY) -m suite run table2 --profile $(PROFILE) $(RUN_FLAGS)
+
+clean-venv:
+	rm -rf $(VENV)

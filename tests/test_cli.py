@@ -1,0 +1,54 @@
+"""Command line: listing, and clear errors for bad experiments, profiles, rows and --set keys."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from suite.cli import main
+from suite.config import ConfigError, RunConfig, apply_overrides, parse_size
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_list_shows_methods_experiments_profiles(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("grad_accum", "amp", "table2", "tiny", "paper", "auto"):
+        assert word in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "tabel2"], ["unknown experiment", "did you mean table2"]),
+    (["run", "table2", "--profile", "huge"], ["unknown profile", "tiny, small, paper, auto"]),
+    (["run", "table2", "--only", "baseline-fp33"], ["no row", "baseline-fp32"]),
+    (["run", "table2", "--set", "micro_batch=3"], ["unknown --set key", "micro_batch_size"]),
+    (["run", "table2", "--set", "steps=many"], ["steps", "int"]),
+    (["run", "table2", "--set", "precision=fp8"], ["precision", "fp32"]),
+    (["check", "grad_acum"], ["unknown method", "did you mean grad_accum"]),
+    (["check", "amp", "--set", "precision=fp32"], ["precision", "fp16"]),
+])
+def test_bad_input_gets_a_clear_error(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err
+
+
+def test_overrides_are_typed():
+    cfg = apply_overrides(RunConfig(), ["model.layers=8", "lr=0.5", "device_memory=16GiB", "model.pretrained=none"])
+    assert cfg.model.layers == 8 and cfg.lr == 0.5 and cfg.device_memory == "16GiB" and cfg.model.pretrained is None
+
+
+def test_sizes():
+    assert parse_size("16GiB") == 16 * 2**30 and parse_size("1.5GB") == 1_500_000_000 and parse_size("512") == 512
+    with pytest.raises(ConfigError, match="GiB"):
+        parse_size("lots")
+
+
+def test_check_command_end_to_end():
+    out = subprocess.run([sys.executable, "-m", "suite", "check", "grad_accum", "--steps", "2",
+                          "--set", "num_micro_batches=4", "--set", "micro_batch_size=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS" in out.stdout and "bert.embeddings.word_embeddings.weight" in out.stdout

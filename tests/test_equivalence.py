@@ -1,0 +1,90 @@
+"""AG with m micro-batches equals one big batch; AMP stays within the 16-bit tolerance of FP32."""
+import dataclasses
+
+import pytest
+import torch
+
+from suite.check import TOLERANCE, build_method, check, relative_error
+from suite.config import RunConfig
+from suite.data import synthetic_batches
+
+
+def _grads_after_one_step(run):
+    method = build_method(run, torch.device("cpu"))
+    batch = next(synthetic_batches(run, padded=True))
+    method.opt.step = lambda step: None  # keep the gradients of the first step, skip the update
+    method.step(batch)
+    return {n: p.grad.detach().clone() for named in method.layer_params for n, p in named}, method
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_micro_batches_equal_one_big_batch_fp32(m):
+    """Gradients through keyed dropout (on) match to 1e-5 norm-wise per tensor."""
+    big = RunConfig(micro_batch_size=8, num_micro_batches=1).validate()
+    split = dataclasses.replace(big, micro_batch_size=8 // m, num_micro_batches=m)
+    g_big, method = _grads_after_one_step(big)
+    g_split, _ = _grads_after_one_step(split)
+    assert method.model.cfg.dropout > 0 and method.model.cfg.attention_dropout > 0
+    free = method.model.gradient_free()
+    errors = {k: relative_error(g_split[k], g_big[k]) for k in g_big if k not in free}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-5, (worst, errors[worst])
+
+
+def test_micro_batches_equal_one_big_batch_fp64_trajectory():
+    """Three LAMB steps in FP64: the weights agree to rounding (key biases, whose exact gradient is zero,
+    follow rounding noise and are left out as in the FP32 test)."""
+    big = RunConfig(micro_batch_size=8, num_micro_batches=1).validate()
+    split = dataclasses.replace(big, micro_batch_size=2, num_micro_batches=4)
+    finals = []
+    for run in (big, split):
+        method = build_method(run, torch.device("cpu"))
+        method.model.double()
+        batches = synthetic_batches(run, padded=True)
+        for _ in range(3):
+            method.step(next(batches))
+        finals.append({n: p.detach().clone() for named in method.layer_params for n, p in named})
+    a, b = finals
+    errors = {k: relative_error(a[k], b[k]) for k in a if k not in method.model.gradient_free()}
+    assert max(errors.values()) <= 1e-10, max(errors.items(), key=lambda kv: kv[1])
+
+
+def test_dropout_actually_changes_the_result():
+    """The equivalence above is not vacuous: a different seed (other masks) moves the gradients."""
+    run = RunConfig(micro_batch_size=8, num_micro_batches=1).validate()
+    g1, _ = _grads_after_one_step(run)
+    g2, _ = _grads_after_one_step(dataclasses.replace(run, seed=run.seed + 1))
+    assert any(relative_error(g1[k], g2[k]) > 1e-2 for k in g1)
+
+
+def test_amp_bf16_within_16bit_tolerance_of_fp32():
+    run = RunConfig(method="amp", precision="bf16", micro_batch_size=2, num_micro_batches=4)
+    result = check(run, "grad_accum", steps=3)
+    assert result.tolerance == TOLERANCE["bf16"]
+    assert result.passed, result.report(top=5)
+    name, err = result.worst
+    assert err > 1e-6, "bf16 should differ from fp32 at all; otherwise autocast did not engage"
+
+
+def test_check_fails_a_wrong_method():
+    """The oracle is not vacuous: a method that never updates the head fails it."""
+    from baselines.grad_accum import GradAccum
+    from suite import registry
+
+    @registry.register("broken-head")
+    class BrokenHead(GradAccum):
+        def step(self, batch):
+            head = self.model.num_layers - 1
+            saved = [p.detach().clone() for _, p in self.layer_params[head]]
+            stats = super().step(batch)
+            with torch.no_grad():
+                for (_, p), s in zip(self.layer_params[head], saved):
+                    p.copy_(s)
+            return stats
+
+    try:
+        result = check(RunConfig(method="broken-head", micro_batch_size=2, num_micro_batches=2), "grad_accum", 2)
+        assert not result.passed
+        assert result.worst[0].startswith(("classifier", "bert.pooler")) and result.worst[1] >= 0.99
+    finally:
+        registry.unregister("broken-head")

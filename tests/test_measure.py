@@ -1,0 +1,38 @@
+"""Measurement: the CPU live-bytes tracker follows allocations and frees, and enforces a cap."""
+import pytest
+import torch
+
+from suite.config import RunConfig
+from suite.check import build_method
+from suite.data import synthetic_batches
+from suite.measure import LiveBytesTracker, measure
+
+
+def test_tracker_counts_live_storages_not_views():
+    with LiveBytesTracker() as t:
+        a = torch.ones(1000)           # 4000 bytes
+        v = a.view(10, 100)            # a view: no new storage
+        b = torch.ones(500)            # 2000 bytes
+        assert t.live == 6000
+        del b
+        assert t.live == 4000
+    assert t.peak == 6000
+    del a, v
+
+
+def test_tracker_cap_raises_out_of_memory():
+    with pytest.raises(torch.OutOfMemoryError, match="cap"):
+        with LiveBytesTracker(limit=1000):
+            torch.ones(1000)
+
+
+def test_measure_reports_throughput_and_memory():
+    run = RunConfig(micro_batch_size=2, num_micro_batches=2, steps=2, warmup=1).validate()
+    method = build_method(run, torch.device("cpu"))
+    m = measure(method, synthetic_batches(run), run.warmup, run.steps, torch.device("cpu")).summary()
+    assert m["timed_steps"] == 2 and m["throughput"] > 0 and m["samples_per_step"] == 4
+    assert m["memory_kind"].startswith("cpu live-bytes")
+    params = sum(p.numel() * 4 for p in method.params)
+    # weights + LAMB state (2x) are resident; gradients (1x) and activations come on top
+    assert m["device_peak_allocated"] > 4 * params
+    assert m["host_peak_gb"] > 0

@@ -1,0 +1,89 @@
+"""The runner: one status per cell, failures recorded without stopping the sweep, resume, W&B read-back."""
+import json
+import os
+
+import pytest
+
+from suite import registry, results, tracking
+from suite.experiment import Experiment, Metric, Row
+from suite.runner import sweep
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+TINY = {"model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.intermediate": 64, "seq_len": 8,
+        "micro_batch_size": 2, "num_micro_batches": 2, "warmup": 0, "steps": 1}
+
+
+def make_experiment(rows):
+    return Experiment(name="runner-test", title="runner test", source="tests", baseline=rows[0].name,
+                      metrics=[Metric("throughput", "throughput"), Metric("memory_gb", "memory")],
+                      label_columns=["precision"], rows=lambda profile: rows, base=lambda profile: TINY,
+                      timeout=lambda profile: 120.0)
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    monkeypatch.setenv("SUITE_PLUGINS", "plugin_methods")
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import plugin_methods  # noqa: F401  registers always-fails in this process too
+    yield
+    registry.unregister("always-fails")
+
+
+def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sandbox):
+    exp = make_experiment([
+        Row("ok", "grad_accum", labels={"precision": "FP32"}, paper={"throughput": 10.0, "memory_gb": 1.0}),
+        Row("error", "always-fails"),
+        Row("oom", "grad_accum", {"device_memory": "1KiB"}),
+        Row("missing", "not-a-method-yet"),
+    ])
+    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None)
+    status = {r["row"]: r["status"] for r in records}
+    assert status["ok"] == "ok"
+    assert status["error"].startswith("error: ValueError: deliberate failure")
+    assert status["oom"] == "oom"
+    assert status["missing"] == "not_implemented"
+    ok = records[0]
+    assert ok["metrics"]["throughput"] > 0 and ok["provenance"]["torch"]
+    assert "Traceback" in records[1]["error"]
+    # every cell is on disk, keyed by its config hash, and the table shows all four rows
+    for r in records:
+        assert json.loads(results.run_path(tmp_path, r["key"]).read_text())["status"] == r["status"]
+    table = (tmp_path / "runner-test.md").read_text()
+    for word in ("| ok |", "error: ValueError", "| oom |", "not_implemented", "10.00"):
+        assert word in table
+    assert (tmp_path / "runner-test.csv").read_text().count("\n") == 5
+    # the offline W&B run of the ok cell carries its config and summary
+    back = tracking.read_offline_run(ok["wandb_dir"])
+    assert back["config"]["row"] == "ok" and back["config"]["experiment"] == "runner-test"
+    assert back["summary"]["status"] == "ok"
+    assert back["summary"]["throughput"] == pytest.approx(ok["metrics"]["throughput"])
+
+
+def test_timeout_is_a_status(tmp_path):
+    exp = make_experiment([Row("slow", "grad_accum")])
+    (rec,) = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5,
+                   progress=lambda m: None)
+    assert rec["status"] == "timeout"
+
+
+def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
+    exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
+
+    def interrupt_after_first(msg):
+        if ": ok in" in msg:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=interrupt_after_first)
+    first = sorted((tmp_path / "runs").glob("*.json"))
+    assert len(first) == 1
+    stamp = first[0].stat().st_mtime_ns
+    seen = []
+    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert any("a (grad_accum, tiny): ok (cached" in m for m in seen)
+    assert first[0].stat().st_mtime_ns == stamp
+    # --force runs it again
+    sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", force=True, only=["a"],
+          progress=lambda m: None)
+    assert first[0].stat().st_mtime_ns != stamp

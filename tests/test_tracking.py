@@ -1,0 +1,142 @@
+"""Tests for suite.tracking: offline W&B runs are written and read back exactly."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suite import tracking
+
+_DIR_VARS = (
+    "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR",
+)
+
+
+def _isolate(mp, root: Path) -> None:
+    # Nothing may touch ~/.cache, ~/.config or the real netrc, nor find a real key or mode.
+    for var in _DIR_VARS:
+        mp.setenv(var, str(root / var.lower()))
+    mp.setenv("NETRC", str(root / "no-netrc"))
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        mp.delenv(var, raising=False)
+
+
+def _teardown_wandb() -> None:
+    # The wandb singleton caches settings read from the env and keeps wandb-core alive.
+    if "wandb" in sys.modules and sys.modules["wandb"] is not None:
+        sys.modules["wandb"].teardown()
+
+
+@pytest.fixture(autouse=True)
+def env(tmp_path, monkeypatch):
+    _isolate(monkeypatch, tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The only two W&B runs of this file: one cell and one table, both offline."""
+    root = tmp_path_factory.mktemp("wandb")
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, root)
+        _teardown_wandb()
+        try:
+            cell = tracking.log_cell(
+                experiment="exp1", row="r1", method="adamw",
+                config=CONFIG, provenance=PROVENANCE, summary=SUMMARY,
+                status="ok", mode="offline", dir=str(root / "out"),
+            )
+            table = tracking.log_table(
+                experiment="exp1", columns=["row", "method", "loss"],
+                rows=[["r1", "adamw", 1.25], ["r2", "sgd", None]],
+                mode="offline", dir=str(root / "out"),
+            )
+        finally:
+            _teardown_wandb()
+    return root, cell, table
+
+
+CONFIG = {"lr": 0.001, "batch": 8, "opt": {"betas": [0.9, 0.95]}}
+PROVENANCE = {"git": "abc123", "host": {"gpu": "H200", "n": 1}}
+SUMMARY = {
+    "loss": 1.25, "peak_mem_gib": 12, "note": "fine", "diverged": float("nan"), "skipped": None,
+}
+
+
+def test_cell_round_trip(runs):
+    root, cell, _ = runs
+    assert cell is not None and Path(cell).parent.parent == root / "out"
+    assert len(list(Path(cell).glob("run-*.wandb"))) == 1
+    got = tracking.read_offline_run(cell)
+    assert got["config"] == {**CONFIG, "provenance": PROVENANCE, "row": "r1", "experiment": "exp1"}
+    # NaN and None are recorded as null, which the reader's summary view omits.
+    assert got["summary"] == {"loss": 1.25, "peak_mem_gib": 12, "note": "fine", "status": "ok"}
+
+
+def test_cell_run_identity(runs):
+    _, cell, _ = runs
+    exe = Path(sys.executable).with_name("wandb")
+    out = subprocess.run([str(exe), "leet", "inspect", "--json", cell], capture_output=True,
+                         text=True, check=True, env={**os.environ, "WANDB_MODE": "offline"})
+    run = next(r["run"] for r in map(json.loads, out.stdout.splitlines()) if r["type"] == "run")
+    assert (run["project"], run["run_group"], run["job_type"], run["display_name"]) == (
+        tracking.PROJECT, "exp1", "adamw", "exp1/r1")
+
+
+def test_table_recorded(runs):
+    _, cell, table = runs
+    assert table is not None and table != cell
+    entry = tracking.read_offline_run(table)["summary"]["exp1"]
+    assert entry["_type"] == "table-file" and (entry["nrows"], entry["ncols"]) == (2, 3)
+    data = json.loads((Path(table) / "files" / entry["path"]).read_text())
+    assert data == {"columns": ["row", "method", "loss"],
+                    "data": [["r1", "adamw", 1.25], ["r2", "sgd", None]]}
+
+
+def test_everything_stays_in_the_given_dirs(runs):
+    root, _, _ = runs
+    # wandb-core logs go to WANDB_CACHE_DIR, table staging to WANDB_DATA_DIR, runs to `dir`.
+    assert {p.name for p in root.iterdir()} <= {"out", *(v.lower() for v in _DIR_VARS)}
+
+
+def test_off_writes_nothing(env):
+    out = env / "off"
+    kw = dict(experiment="e", mode="off", dir=str(out))
+    assert tracking.log_cell(row="r", method="m", config={}, provenance={}, summary={},
+                             status="ok", **kw) is None
+    assert tracking.log_table(columns=["a"], rows=[[1]], **kw) is None
+    assert not out.exists() and sorted(p.name for p in env.iterdir()) == []
+
+
+def test_missing_wandb_warns_once(env, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
+    monkeypatch.setattr(tracking, "_warned_missing", False)
+    for _ in range(2):
+        assert tracking.log_table(experiment="e", columns=["a"], rows=[[1]], mode="offline",
+                                  dir=str(env / "x")) is None
+    assert capsys.readouterr().err.count("wandb is not installed") == 1
+
+
+def test_resolve_mode_invalid_names_modes():
+    with pytest.raises(ValueError) as err:
+        tracking.resolve_mode("disabled")
+    assert all(m in str(err.value) for m in tracking.MODES)
+
+
+def test_resolve_mode(env, monkeypatch):
+    assert tracking.MODES == ("off", "offline", "online")
+    for m in tracking.MODES:
+        assert tracking.resolve_mode(m) == m
+    assert tracking.resolve_mode(None) == tracking.resolve_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert tracking.resolve_mode(None) == "online"
+    monkeypatch.delenv("WANDB_API_KEY")
+    (env / "no-netrc").write_text("machine api.wandb.ai login user password secret\n")
+    os.chmod(env / "no-netrc", 0o600)
+    assert tracking.resolve_mode("auto") == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert tracking.resolve_mode(None) == "off"
+    assert tracking.resolve_mode("offline") == "offline"  # an explicit mode beats WANDB_MODE
