@@ -12,7 +12,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("lamb", "adamw")
 SCHEDULES = ("constant", "linear")
 DEVICES = ("auto", "cpu", "cuda")
-FAMILIES = ("bert",)
+FAMILIES = ("bert",)  # suite.families.FAMILIES holds their implementations
 
 # Model presets. `bert-large` is exactly the L2L paper's Table 1.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -52,25 +52,6 @@ class LayerContext:
     logits: torch.Tensor | None = None
 
 
-class BertHead(nn.Module):
-    """Pooler + dropout + classifier + loss of BertForSequenceClassification, as one layer."""
-
-    def __init__(self, hf):
-        super().__init__()
-        self.pooler = hf.bert.pooler
-        self.dropout = hf.dropout
-        self.classifier = hf.classifier
-        self.num_labels = hf.config.num_labels
-
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int):
-        logits = self.classifier(self.dropout(self.pooler(hidden)))
-        if self.num_labels == 1:  # regression (STS-B)
-            loss = torch.nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
-        else:
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        return loss / denom, logits
-
-
 class LayeredModel(nn.Module):
     """A model as an ordered list of layers: layer 0 embeds, 1..L are blocks, L+1 is the head.
 
@@ -78,11 +59,12 @@ class LayeredModel(nn.Module):
     copy of the layer (a device slot, a 16-bit replica) with the same semantics and keys.
     """
 
-    def __init__(self, hf: nn.Module, cfg: ModelConfig):
+    def __init__(self, hf: nn.Module, cfg: ModelConfig, family):
         super().__init__()
         self.hf = hf
         self.cfg = cfg
-        self.layers = nn.ModuleList([hf.bert.embeddings, *hf.bert.encoder.layer, BertHead(hf)])
+        self.family = family
+        self.layers = nn.ModuleList(family.split(hf))
 
     @property
     def num_layers(self) -> int:
@@ -96,14 +78,11 @@ class LayeredModel(nn.Module):
     def gradient_free(self) -> set[str]:
         """Parameters whose gradient is zero in exact arithmetic (a key bias shifts every score of a query
         equally, and softmax ignores that), so their trajectory under Adam-type optimizers is rounding noise."""
-        return {n for n, _ in self.hf.named_parameters() if n.endswith("attention.self.key.bias")}
+        return self.family.gradient_free(self.hf)
 
     def begin(self, mb: MicroBatch, seed: int, step: int, denom: int) -> LayerContext:
-        """Per-micro-batch context; the attention mask is None when nothing is padded."""
-        mask = None
-        if mb.attention_mask is not None and not bool(mb.attention_mask.all()):
-            mask = mb.attention_mask.bool()[:, None, None, :]
-        return LayerContext(seed, step, mb.offset, mask, mb, denom)
+        """Per-micro-batch context; the family builds the attention mask (None when nothing is padded)."""
+        return LayerContext(seed, step, mb.offset, self.family.mask(mb), mb, denom)
 
     def forward_layer(self, index: int, x, ctx: LayerContext, module: nn.Module | None = None):
         """Run layer `index` (or a stand-in `module`) under the key (seed, step, layer, sample offset).
@@ -114,14 +93,12 @@ class LayeredModel(nn.Module):
         module = self.layers[index] if module is None else module
         with rng.keyed(ctx.seed, ctx.step, index, ctx.offset):
             if index == 0:
-                return module(input_ids=ctx.mb.input_ids, token_type_ids=ctx.mb.token_type_ids)
+                return self.family.embed(module, ctx)
             if index == self.num_layers - 1:
                 loss, logits = module(x, ctx.mb.labels, ctx.denom)
                 ctx.logits = logits.detach()
                 return loss
-            out = module(x, attention_mask=ctx.mask)
-            # transformers 4.x returns a tuple, 5.x a tensor.
-            return out[0] if isinstance(out, tuple) else out
+            return self.family.block(module, x, ctx)
 
     def forward_micro_batch(self, ctx: LayerContext) -> torch.Tensor:
         """All layers in order for one micro-batch; returns its share of the loss."""
@@ -142,26 +119,16 @@ def _keyed_dropouts(module: nn.Module) -> None:
 
 def build_model(cfg: ModelConfig, seed: int) -> LayeredModel:
     """Build (random init from `seed`) or load (cfg.pretrained) the model and wrap it in the layered view."""
-    from transformers import BertConfig, BertForSequenceClassification
+    from suite.families import FAMILIES
 
     _register_attention()
     cfg = cfg.resolved()
-    torch.manual_seed(seed)  # random init, or the new classifier head of a pretrained model
-    if cfg.pretrained:
-        hf = BertForSequenceClassification.from_pretrained(
-            cfg.pretrained, num_labels=cfg.num_labels, hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.attention_dropout, attn_implementation=ATTN_IMPL)
-    else:
-        hf_cfg = BertConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-            num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
-            max_position_embeddings=cfg.max_seq, num_labels=cfg.num_labels,
-            hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout)
-        hf = BertForSequenceClassification._from_config(hf_cfg, attn_implementation=ATTN_IMPL)
-    hf.config.problem_type = "regression" if cfg.num_labels == 1 else "single_label_classification"
+    family = FAMILIES[cfg.family]
+    torch.manual_seed(seed)  # random init, or the new head of a pretrained model
+    hf = family.build(cfg, ATTN_IMPL)
     _keyed_dropouts(hf)
     hf.train()
-    return LayeredModel(hf, cfg)
+    return LayeredModel(hf, cfg, family)
 
 
 def plain_copy(model: LayeredModel, attn_implementation: str = "sdpa") -> nn.Module:
@@ -169,11 +136,7 @@ def plain_copy(model: LayeredModel, attn_implementation: str = "sdpa") -> nn.Mod
     for the layered view's correctness and overhead."""
     import copy
 
-    from transformers import BertForSequenceClassification
-
     # A copy of the config: _from_config would otherwise switch the layered model's attention too.
-    plain = BertForSequenceClassification._from_config(copy.deepcopy(model.hf.config),
-                                                       attn_implementation=attn_implementation)
+    plain = type(model.hf)._from_config(copy.deepcopy(model.hf.config), attn_implementation=attn_implementation)
     plain.load_state_dict(model.hf.state_dict())
-    plain.config.problem_type = model.hf.config.problem_type
     return plain.train(model.training)
