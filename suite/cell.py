@@ -77,10 +77,13 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[0]) as f:
         payload = json.load(f)
+    from suite import cell
     from suite.experiment import all_experiments
 
     all_experiments()  # experiment modules may register their own cell kinds
-    record = execute(payload)
+    # Run through the imported module: under `python -m suite.cell` this file is __main__, a second
+    # copy whose CELL_KINDS the experiment modules never see.
+    record = cell.execute(payload)
     if int(os.environ.get("RANK", 0)) == 0:
         tmp = argv[1] + ".tmp"
         with open(tmp, "w") as f:
