@@ -36,11 +36,15 @@ class LiveBytesTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # Views and in-place ops return an input's storage: not an allocation, even when that
+        # storage predates the tracker (a weight, a preallocated buffer).
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and not t.is_sparse}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse:
                 st = t.untyped_storage()
                 key = st._cdata
-                if key not in self._seen and st.nbytes() > 0:
+                if key not in self._seen and key not in inputs and st.nbytes() > 0:
                     self._seen[key] = st.nbytes()
                     self.live += st.nbytes()
                     weakref.finalize(st, self._release, key)

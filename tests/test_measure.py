@@ -20,6 +20,18 @@ def test_tracker_counts_live_storages_not_views():
     del a, v
 
 
+def test_tracker_ignores_views_and_in_place_ops_on_older_storage():
+    w = torch.ones(100, 100)
+    with LiveBytesTracker() as t:
+        w.t()
+        w.add_(1.0)
+        w[:10].zero_()
+        assert t.live == 0
+        y = w @ w  # a real allocation
+        assert t.live == 40000
+    del y
+
+
 def test_tracker_cap_raises_out_of_memory():
     with pytest.raises(torch.OutOfMemoryError, match="cap"):
         with LiveBytesTracker(limit=1000):
