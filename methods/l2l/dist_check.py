@@ -1,0 +1,90 @@
+"""Multi-rank equivalence of L2L: run it on every torchrun rank, compare with single-rank grad_accum on rank 0.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m methods.l2l.dist_check \\
+        --steps 3 --set model.layers=2 --set stash=cpu --set overlap=on
+
+Each rank trains on its shard of the global minibatch (offsets stay global, so dropout keys match
+one rank's); rank 0 also trains the reference (`--against`, one rank, the full minibatch) and
+compares the updates with suite.check's tolerance; every rank's weights must be bitwise identical.
+Every rank exits non-zero on a mismatch.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from suite import registry
+from suite.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
+from suite.config import RunConfig, apply_overrides
+from suite.data import synthetic_batches
+from suite.device import resolve_device
+
+
+def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([state[k].reshape(-1) for k in sorted(state)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--method", default="l2l")
+    p.add_argument("--against", default="grad_accum")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cls = registry.get(args.method)
+    run = apply_overrides(RunConfig(method=args.method, ranks=world), args.set, cls.options)
+    device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
+    if not any(s.startswith("precision=") for s in args.set):
+        run.precision = default_precision(args.method, device)
+    run = run.validate()
+    subject = build_method(run, device)  # joins the process group
+    w0 = subject.state_dict()
+    batches = (b.shard(rank, world) for b in synthetic_batches(run, padded=True))
+    reference = ref_batches = None
+    if rank == 0:
+        # The same global minibatch cut into the same micro-batches as the ranks cut their shards
+        # into, so that the only differences left are the ranks' summation order.
+        ref_run = dataclasses.replace(run, method=args.against, ranks=1, options={},
+                                      precision=default_precision(args.against, device),
+                                      micro_batch_size=run.micro_batch_size // world,
+                                      num_micro_batches=run.num_micro_batches * world)
+        reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
+    losses = []
+    for _ in range(args.steps):
+        stats = subject.step(next(batches))
+        ref = reference.step(next(ref_batches)).loss if reference is not None else float("nan")
+        losses.append((stats.loss, ref))
+    state = subject.state_dict()
+
+    # All ranks must hold one consistent model: gather every rank's weights on every rank.
+    mine = _flat(state)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    identical = all(torch.equal(mine, other) for other in everyone)
+    ok = identical
+    if rank == 0:
+        ref_state = reference.state_dict()
+        errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
+        weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
+        tol = max(TOLERANCE[run.precision], TOLERANCE[reference.run.precision])
+        result = CheckResult(f"{args.method} on {world} ranks", f"{args.against} on 1 rank", args.steps, tol,
+                             errors, weight_errors, reference.model.gradient_free(), losses)
+        print(result.report(top=5))
+        print(f"{'all' if identical else 'NOT all'} {world} ranks hold bitwise identical weights")
+        ok = ok and result.passed
+    verdict = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(verdict)
+    dist.barrier()
+    dist.destroy_process_group()
+    return int(verdict.item() != 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Copy streams, events and gradient shipments of the L2L relay; on CPU the same calls run synchronously."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
+    """`dst.copy_(src)` into a preallocated buffer, issued as a foreach op.
+
+    A foreach op returns nothing, so the CPU live-bytes tracker (which counts every storage an op
+    returns that it has not seen yet) does not book a write into an existing slot, host or stash
+    buffer as a new device allocation; `copy_` returns `dst` and would be booked. Across devices
+    it runs `copy_` per tensor, non_blocking included.
+    """
+    torch._foreach_copy_([dst], [src], non_blocking=non_blocking)
+
+
+def zero(t: torch.Tensor) -> None:
+    """`t.zero_()` as a foreach op, for the same reason as copy_into."""
+    torch._foreach_zero_([t])
+
+
+class Lanes:
+    """The compute stream plus one host-to-device and one device-to-host copy stream.
+
+    The two directions get their own streams because a GPU has separate copy engines for them: a
+    weight upload and a gradient download can run at the same time as each other and as compute.
+    Work on different streams is unordered unless an event says otherwise, so every hand-over
+    records an event on the producing stream and makes the consuming stream wait on it; a
+    non-blocking copy without that ordering would read half-written weights. On CPU every event
+    is None and every copy completes before the call returns, so the ordering is the program order.
+    """
+
+    def __init__(self, device: torch.device, timing: bool = False):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.timing = timing
+        self.h2d = torch.cuda.Stream(device) if self.cuda else None
+        self.d2h = torch.cuda.Stream(device) if self.cuda else None
+
+    @property
+    def compute(self):
+        """The stream the model runs on (whatever stream is current when the step runs)."""
+        return torch.cuda.current_stream(self.device) if self.cuda else None
+
+    def on(self, stream):
+        """Make `stream` current for the enclosed work (no-op on CPU)."""
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def record(self, stream=None):
+        """An event marking the work queued so far on `stream` (default: compute); None on CPU."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=self.timing)
+        event.record(stream if stream is not None else self.compute)
+        return event
+
+    def wait(self, event, stream=None) -> None:
+        """Make `stream` (default: compute) wait for `event` without blocking the host."""
+        if event is not None:
+            (stream if stream is not None else self.compute).wait_event(event)
+
+    def keep(self, tensor: torch.Tensor, stream) -> None:
+        """Tell the caching allocator `tensor` is in use on `stream`, so its memory is not handed out
+        again (to a tensor of the allocating stream) before that stream's work on it has finished."""
+        if stream is not None:
+            tensor.record_stream(stream)
+
+
+class Shipment:
+    """A layer's gradient on its way to a host buffer: summed over ranks (if any), then copied down.
+
+    On CUDA the all-reduce and the non-blocking copy are queued at once, behind the backward that
+    produced the gradient; the host waits on the copy's event, the compute stream waits on it
+    before the slot's gradient buffer is zeroed for another layer. On CPU there is nothing to queue:
+    whichever thread needs the result first (the host worker, or the relay about to reuse the
+    buffer) waits for the collective and copies, exactly once.
+    """
+
+    def __init__(self, lanes: Lanes, src: torch.Tensor, dst: torch.Tensor, work=None):
+        self.lanes, self.src, self.dst, self.work = lanes, src, dst, work
+        self.event = self.start = None
+        self._lock = threading.Lock()
+        self._done = False
+        if lanes.cuda:
+            produced = lanes.record()
+            with lanes.on(lanes.d2h):
+                lanes.wait(produced, lanes.d2h)
+                if work is not None:
+                    work.wait()  # NCCL: makes the current (copy) stream wait for the all-reduce
+                self.start = lanes.record(lanes.d2h) if lanes.timing else None
+                copy_into(dst, src, non_blocking=True)
+                self.event = lanes.record(lanes.d2h)
+
+    def _complete(self) -> None:
+        with self._lock:
+            if not self._done:
+                if self.work is not None:
+                    self.work.wait()
+                copy_into(self.dst, self.src)
+                self._done = True
+
+    def host_wait(self) -> None:
+        """Block until the host buffer holds the (summed) gradient."""
+        if self.lanes.cuda:
+            self.event.synchronize()
+        else:
+            self._complete()
+
+    def device_wait(self) -> None:
+        """Order later compute-stream writes to the source buffer after the copy has read it."""
+        if self.lanes.cuda:
+            self.lanes.wait(self.event)
+        else:
+            self._complete()
+

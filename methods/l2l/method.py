@@ -1,0 +1,162 @@
+"""The registered L2L methods: `l2l` (FP32 relay) and `l2l-cmp` (cross mixed precision: 16-bit device, FP32 host)."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from methods.l2l.lanes import Lanes
+from methods.l2l.param_server import HostParamServer
+from methods.l2l.relay import DeviceRelay, Stash
+from methods.l2l.updates import HostUpdater
+from suite.config import ConfigError
+from suite.data import MiniBatch
+from suite.device import DTYPES
+from suite.loss_scale import DynamicLossScaler
+from suite.registry import Method, Option, StepStats, register
+
+
+def _process_group(run, device: torch.device):
+    """The default group of `run.ranks` processes (joined from torchrun's env if needed); None for one rank."""
+    if run.ranks == 1:
+        return None
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL binds each rank to the current device
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.get_world_size() != run.ranks:
+        raise ConfigError(f"ranks={run.ranks} but torch.distributed has {dist.get_world_size()} processes")
+    return dist.group.WORLD
+
+
+@register("l2l")
+class L2L(Method):
+    """Layer-to-layer: host param server, two device slots, every micro-batch through a layer before the next.
+
+    Device memory, independent of depth except for the stash: four slots (embeddings, head, two
+    blocks) with their gradient buffers; per micro-batch one incoming activation gradient; the
+    recompute of one layer for one micro-batch; and the stash, one block input per block and
+    micro-batch on the device (stash=gpu) or, with stash=cpu, only the inputs of the layer being
+    computed and of the one being prefetched.
+    """
+
+    precisions = ("fp32",)
+    options = {
+        "stash": Option("gpu", ("gpu", "cpu"), "where boundary activations wait for the backward"),
+        "overlap": Option("off", ("off", "on"), "on: update layer l on the host during layer l-1's backward (L2Lp)"),
+    }
+
+    def __init__(self, model, run, device, trace: list | None = None):
+        super().__init__(model, run, device)
+        self.group = _process_group(run, device)
+        self.world = run.ranks
+        self.dtype = DTYPES[run.precision]
+        pin = device.type == "cuda"
+        self.server = HostParamServer(model, run, self.dtype, pin)
+        self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
+        self.trace = trace
+        self.lanes = Lanes(device, timing=trace is not None)
+        self.updater = HostUpdater(self.server, self.scaler, run, self.opts["overlap"] == "on",
+                                   invalidate=lambda layer: self.relay.invalidate(layer))
+        self.relay = DeviceRelay(model, self.server.wire, device, self.dtype, self.lanes,
+                                 lambda layer: self.updater.ready[layer], trace)
+        self.stash = Stash(self.lanes, device, self.opts["stash"] == "cpu", pin)
+        self.step_count = 0
+
+    @contextlib.contextmanager
+    def _span(self, kind: str, layer: int):
+        """Compute-stream events around one layer's work, kept when tracing on CUDA (benchmarks, tests)."""
+        start = self.lanes.record() if self.trace is not None else None
+        yield
+        if start is not None:
+            self.trace.append((kind, layer, start, self.lanes.record()))
+
+    def _ship(self, layer: int, slot) -> None:
+        self.relay.release(slot)
+        shipment = self.relay.ship(slot, self.server.landing[layer], self.group, layer)
+        self.updater.layer_done(layer, shipment, self.step_count)
+
+    def step(self, batch: MiniBatch) -> StepStats:
+        model, relay, stash = self.model, self.relay, self.stash
+        head = model.num_layers - 1
+        # Each rank holds its shard; dividing by the global minibatch makes the ranks' sum the
+        # single-rank gradient.
+        denom = batch.size * self.world
+        ctxs = [model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
+                for mb in batch.split(self.run.num_micro_batches)]
+        n = len(ctxs)
+
+        # Forward (Algorithm 2's inverted loop): every micro-batch passes a layer before the next is used.
+        acts = [None] * n
+        with torch.no_grad():
+            for layer in range(head):
+                slot = relay.use(layer)
+                relay.prefetch(layer + 1)  # the next layer's upload runs beside this layer's compute
+                with self._span("forward", layer):
+                    for u, ctx in enumerate(ctxs):
+                        acts[u] = model.forward_layer(layer, acts[u], ctx, module=slot.module)
+                        if layer + 1 < head:  # the last block's output goes straight into the head
+                            stash.put(layer + 1, u, acts[u])
+                relay.release(slot)
+
+        # The head runs forward and backward at once: its loss is the last forward and the first backward.
+        slot = relay.use(head)
+        relay.zero_grad(slot)
+        relay.prefetch(head - 1)
+        stash.prefetch(head - 1, n)
+        grads, total = [None] * n, 0.0
+        with self._span("backward", head):
+            for u, ctx in enumerate(ctxs):
+                x = acts[u].detach().requires_grad_()
+                acts[u] = None
+                with torch.enable_grad():
+                    loss = model.forward_layer(head, x, ctx, module=slot.module)
+                self.scaler.scale_loss(loss).backward()
+                grads[u] = x.grad
+                total += loss.detach()
+        self._ship(head, slot)
+        # Every rank reports the global minibatch loss; the sum is collected while the backward runs.
+        loss_sum = dist.all_reduce(total, group=self.group, async_op=True) if self.group is not None else None
+
+        # Backward, head to embeddings: recompute each layer from its stash under the same keys,
+        # accumulate its parameter gradient over all micro-batches, pass the input gradient down.
+        for layer in range(head - 1, -1, -1):
+            slot = relay.use(layer)
+            relay.zero_grad(slot)
+            relay.prefetch(layer - 1)  # the layer below uploads while this one computes
+            stash.prefetch(layer - 1, n)
+            with self._span("backward", layer):
+                for u, ctx in enumerate(ctxs):
+                    # The graph is built here and freed by backward(): nothing outlives the layer,
+                    # so no graph keeps a slot's weights alive across its next upload.
+                    x = stash.take(layer, u).detach().requires_grad_() if layer else None
+                    with torch.enable_grad():
+                        y = model.forward_layer(layer, x, ctx, module=slot.module)
+                    y.backward(grads[u])  # parameter gradients accumulate into the slot, in micro-batch order
+                    grads[u] = x.grad if layer else None
+            self._ship(layer, slot)
+        stash.clear()
+        if loss_sum is not None:
+            loss_sum.wait()
+
+        skipped = self.updater.finish(self.step_count)
+        self.step_count += 1
+        return StepStats(loss=float(total), samples=batch.size, skipped=skipped,
+                         extra={"loss_scale": self.scaler.scale})
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        self.updater.drain()
+        return self.server.state_dict()
+
+    def resident_device_bytes(self) -> int:
+        # The four slots' weights and gradient buffers; stashes, gradients of activations and
+        # recompute buffers are allocated inside the step, where the tracker (or CUDA) sees them.
+        return self.relay.nbytes()
+
+
+@register("l2l-cmp")
+class L2LCMP(L2L):
+    """L2L with cross mixed precision: 16-bit weights travel and compute; FP32 masters and optimizer stay on host."""
+
+    precisions = ("fp16", "bf16")

@@ -1,0 +1,223 @@
+"""The device side of L2L: layer slots that the host's weights relay through, and the boundary-activation stash."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from methods.l2l.lanes import Lanes, Shipment, copy_into, zero
+
+
+class Slot:
+    """A device copy of one layer's structure whose parameters and gradients are views of two flat
+    buffers, so that loading a layer is one copy in and shipping its gradient one copy out."""
+
+    def __init__(self, template: nn.Module, device: torch.device, dtype: torch.dtype):
+        self.module = copy.deepcopy(template)  # on the host: the device only ever holds the flat buffers
+        params = list(self.module.parameters())
+        numel = sum(p.numel() for p in params)
+        self.flat = torch.empty(numel, device=device, dtype=dtype)
+        self.grad = torch.zeros(numel, device=device, dtype=dtype)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = self.flat[offset:offset + n].view_as(p)  # values arrive with the first upload
+            offset += n
+        self.module.to(device=device, dtype=dtype)  # the buffers (position ids); parameters are in place
+        offset = 0
+        for p in params:
+            # A preset .grad makes autograd accumulate into it in place, micro-batch after micro-batch.
+            p.grad = self.grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.shapes = [p.shape for p in params]
+        self.layer: int | None = None  # whose weights the slot holds (None: stale or empty)
+        self.loaded = None    # event: the upload of those weights has finished
+        self.free = None      # event: the last compute reading the weights has finished
+        self.shipment: Shipment | None = None  # the gradient copy still reading self.grad
+
+    def nbytes(self) -> int:
+        return 2 * self.flat.numel() * self.flat.element_size()
+
+
+class DeviceRelay:
+    """Four slots: embeddings, head and two alternating block slots (blocks share one structure).
+
+    While one block slot computes layer l, the next layer (l+1 forward, l-1 backward) is uploaded
+    into the other on the copy stream; the upload waits for the event marking the end of the last
+    compute on that slot, and the compute waits for the upload's event. The embeddings and the head
+    keep their own slots: their structures differ from a block's and neither depends on depth, so
+    device weights stay at embeddings + head + two blocks however deep the model is. A slot keeps
+    its tag until its layer is updated, so the two blocks last run forward are reused by the
+    backward without another upload.
+    """
+
+    def __init__(self, model, wire: list[torch.Tensor], device: torch.device, dtype: torch.dtype, lanes: Lanes,
+                 ready, trace: list | None = None):
+        self.num_layers = model.num_layers
+        self.wire, self.lanes, self.ready, self.trace = wire, lanes, ready, trace  # ready(layer): its update's future
+        self.embed = Slot(model.layers[0], device, dtype)
+        self.head = Slot(model.layers[-1], device, dtype)
+        self.blocks = [Slot(model.layers[1], device, dtype), Slot(model.layers[1], device, dtype)]
+        for i in range(1, self.num_layers - 1):
+            shapes = [p.shape for p in model.layers[i].parameters()]
+            if shapes != self.blocks[0].shapes:
+                raise ValueError(f"block {i} differs in structure from block 1: L2L relays all blocks through "
+                                 "two slots of one structure")
+        self.current: int | None = None
+        self.uploads = 0
+
+    @property
+    def slots(self) -> list[Slot]:
+        return [self.embed, self.head, *self.blocks]
+
+    def _slot_for(self, layer: int) -> Slot:
+        if layer == 0:
+            return self.embed
+        if layer == self.num_layers - 1:
+            return self.head
+        for slot in self.blocks:
+            if slot.layer == layer:
+                return slot
+        return next(s for s in self.blocks if s.layer is None or s.layer != self.current)
+
+    def load(self, layer: int, wait: bool = True) -> Slot | None:
+        """Start uploading `layer` into a slot unless one holds it already; does not wait for the copy.
+
+        The host copy must hold the layer's latest update first; with wait=False (a prefetch) a
+        layer still being updated is left for its use() to load, so that queuing the current
+        layer's compute never waits on the host."""
+        if not 0 <= layer < self.num_layers:
+            return None
+        slot = self._slot_for(layer)
+        if slot.layer == layer:
+            return slot
+        update = self.ready(layer)
+        if not wait and not update.done():
+            return None
+        update.result()
+        lanes = self.lanes
+        with lanes.on(lanes.h2d):
+            lanes.wait(slot.free, lanes.h2d)  # no kernel still reads the weights being overwritten
+            start = lanes.record(lanes.h2d) if self.trace is not None else None
+            copy_into(slot.flat, self.wire[layer], non_blocking=True)
+            slot.loaded = lanes.record(lanes.h2d)
+        if start is not None:
+            self.trace.append(("upload", layer, start, slot.loaded))
+        slot.layer = layer
+        self.uploads += 1
+        return slot
+
+    def prefetch(self, layer: int) -> None:
+        """Upload `layer` on the copy stream while the current layer computes, if its host copy is ready."""
+        self.load(layer, wait=False)
+
+    def use(self, layer: int) -> Slot:
+        """The slot holding `layer`, with compute ordered after its upload."""
+        slot = self.load(layer)
+        self.lanes.wait(slot.loaded)
+        self.current = layer
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        """All compute reading `slot` has been queued: a later upload into it waits for this point."""
+        slot.free = self.lanes.record()
+
+    def zero_grad(self, slot: Slot) -> None:
+        """Clear the slot's gradient buffer for a new layer, after the previous layer's copy has read it."""
+        if slot.shipment is not None:
+            slot.shipment.device_wait()
+            slot.shipment = None
+        zero(slot.grad)
+
+    def ship(self, slot: Slot, dst: torch.Tensor, group=None, layer: int | None = None) -> Shipment:
+        """Send the slot's accumulated gradient to host buffer `dst`, summed over ranks when `group` is set
+        (the all-reduce of a layer runs while the device computes the next layer down)."""
+        work = dist.all_reduce(slot.grad, group=group, async_op=True) if group is not None else None
+        slot.shipment = Shipment(self.lanes, slot.grad, dst, work)
+        if self.trace is not None and slot.shipment.start is not None:
+            self.trace.append(("download", layer, slot.shipment.start, slot.shipment.event))
+        return slot.shipment
+
+    def invalidate(self, layer: int) -> None:
+        """`layer` was updated on the host: a slot still holding it must upload it again."""
+        for slot in self.slots:
+            if slot.layer == layer:
+                slot.layer = None
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.slots)
+
+
+class Stash:
+    """Each block's input per micro-batch, kept on the device (stash=gpu) or in pinned host memory (stash=cpu).
+
+    Offloading copies each activation down on the device-to-host stream right after it is produced
+    (`keep` stops the allocator reusing it before the copy has read it); the backward brings a
+    layer's activations back on the host-to-device stream one layer ahead of their use. Reusing a
+    host buffer waits for the event of its last upload, so that the next step's offload cannot
+    overwrite it early.
+    """
+
+    def __init__(self, lanes: Lanes, device: torch.device, offload: bool, pin: bool):
+        self.lanes, self.device, self.offload, self.pin = lanes, device, offload, pin
+        self.host: dict[tuple[int, int], torch.Tensor] = {}  # flat, as large as the largest input seen
+        self.views: dict[tuple[int, int], torch.Tensor] = {}  # the part of it the current step uses
+        self.downloaded: dict[tuple[int, int], object] = {}
+        self.uploaded: dict[tuple[int, int], object] = {}
+        self.on_device: dict[tuple[int, int], tuple[torch.Tensor, object]] = {}
+
+    def put(self, layer: int, mb: int, x: torch.Tensor) -> None:
+        key = (layer, mb)
+        if not self.offload:
+            self.on_device[key] = (x, None)
+            return
+        buf = self._buffer(key, x)
+        lanes = self.lanes
+        produced = lanes.record()
+        with lanes.on(lanes.d2h):
+            lanes.wait(produced, lanes.d2h)
+            lanes.wait(self.uploaded.pop(key, None), lanes.d2h)
+            copy_into(buf, x, non_blocking=True)
+            lanes.keep(x, lanes.d2h)
+            self.downloaded[key] = lanes.record(lanes.d2h)
+
+    def _buffer(self, key: tuple[int, int], x: torch.Tensor) -> torch.Tensor:
+        """The host buffer for `key`, shaped like `x`: one flat pinned allocation per key, grown when a
+        batch is longer than any before (fine-tuning trims each batch), viewed as x's shape. The view
+        is kept while the shape repeats, so that steady-state steps create no tensors on the host."""
+        flat = self.host.get(key)
+        if flat is None or flat.numel() < x.numel() or flat.dtype != x.dtype:
+            flat = self.host[key] = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.pin)
+            self.views.pop(key, None)
+        view = self.views.get(key)
+        if view is None or view.shape != x.shape:
+            view = self.views[key] = flat[:x.numel()].view(x.shape)
+        return view
+
+    def prefetch(self, layer: int, num_micro_batches: int) -> None:
+        """Start bringing `layer`'s stashed inputs back to the device (no-op when they never left)."""
+        if not self.offload or layer < 1:
+            return
+        lanes = self.lanes
+        for mb in range(num_micro_batches):
+            key = (layer, mb)
+            buf = self.views[key]
+            with lanes.on(lanes.h2d):
+                lanes.wait(self.downloaded.pop(key, None), lanes.h2d)
+                x = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)  # a real device copy, also on CPU
+                copy_into(x, buf, non_blocking=True)
+                event = self.uploaded[key] = lanes.record(lanes.h2d)
+            self.on_device[key] = (x, event)
+
+    def take(self, layer: int, mb: int) -> torch.Tensor:
+        """The stashed input, ready for compute; the stash lets go of it."""
+        x, event = self.on_device.pop((layer, mb))
+        if event is not None:
+            self.lanes.wait(event)
+            self.lanes.keep(x, self.lanes.compute)  # allocated on the copy stream, freed after compute uses it
+        return x
+
+    def clear(self) -> None:
+        self.on_device.clear()

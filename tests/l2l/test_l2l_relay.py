@@ -1,0 +1,141 @@
+"""The relay's slots and uploads, the param server's buffers, the overlap of host updates, options and state."""
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from suite.check import build_method, relative_error
+from suite.config import ConfigError, ModelConfig, RunConfig, apply_overrides
+from suite.data import synthetic_batches
+from suite.registry import get
+
+BLOCKS = 4
+
+
+def _method(**kw):
+    options = kw.pop("options", {})
+    run = RunConfig(method=kw.pop("method", "l2l"), device="cpu", model=ModelConfig(layers=BLOCKS), seq_len=16,
+                    micro_batch_size=2, num_micro_batches=2, options=options, **kw).validate()
+    return build_method(run)
+
+
+def _numel(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_device_holds_embeddings_head_and_two_blocks():
+    m = _method()
+    layers = m.model.layers
+    assert len(m.relay.slots) == 4
+    weights = _numel(layers[0]) + _numel(layers[-1]) + 2 * _numel(layers[1])
+    assert m.resident_device_bytes() == 2 * 4 * weights  # FP32 weights + gradient buffers
+    for slot in m.relay.slots:  # one upload and one download per layer: views of two flat buffers
+        for p in slot.module.parameters():
+            assert p.untyped_storage().data_ptr() == slot.flat.untyped_storage().data_ptr()
+            assert p.grad.untyped_storage().data_ptr() == slot.grad.untyped_storage().data_ptr()
+
+
+def test_uploads_reuse_the_blocks_left_by_the_forward():
+    m = _method()
+    batches = synthetic_batches(m.run)
+    for _ in range(2):
+        m.step(next(batches))
+    # Forward: embeddings, every block, head. Backward: the last two blocks and the embeddings are
+    # still in their slots (not yet updated), the other blocks come again.
+    assert m.relay.uploads == 2 * ((BLOCKS + 2) + (BLOCKS - 2))
+
+
+def test_host_buffers_are_allocated_once():
+    m = _method(options=dict(overlap="on", stash="cpu"), optimizer="adamw")
+    server = m.server
+
+    def pointers():
+        bufs = server.flat + server.grad_flat + server.wire + server.landing + server.optimizer_state()
+        return [t.data_ptr() for t in bufs] + [t.data_ptr() for s in m.relay.slots for t in (s.flat, s.grad)]
+    before = pointers()
+    batches = synthetic_batches(m.run)
+    m.step(next(batches))
+    stash = {k: v.data_ptr() for k, v in m.stash.host.items()}
+    m.step(next(batches))
+    m.state_dict()
+    assert pointers() == before
+    assert {k: v.data_ptr() for k, v in m.stash.host.items()} == stash
+    # The model's own parameters are views of the flat host masters.
+    for i, named in enumerate(server.named):
+        lo, hi = server.flat[i].data_ptr(), server.flat[i].data_ptr() + server.flat[i].nbytes
+        assert all(lo <= p.data_ptr() < hi for _, p in named)
+
+
+def test_state_dict_is_fp32_cpu_copies_by_hf_name():
+    m = _method()
+    m.step(next(synthetic_batches(m.run)))
+    state = m.state_dict()
+    assert list(state) == [n for i in range(m.model.num_layers) for n, _ in m.model.layer_named_parameters(i)]
+    assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in state.values())
+    # Host side, FP32 LAMB: master, gradient and two moments, 16 bytes per parameter.
+    assert m.server.nbytes() == 16 * sum(v.numel() for v in state.values())
+    name = next(iter(state))
+    state[name].add_(1.0)
+    assert not torch.equal(state[name], m.state_dict()[name])
+
+
+def _host_commit_during_backward(m, timeout: float) -> bool:
+    """Run a step, holding the embeddings' backward until the host has committed any layer
+    (or `timeout` passes); True if a commit happened while the device side was still in the backward."""
+    committed = threading.Event()
+    seen = []
+    commit, use = m.server.commit, m.relay.use
+
+    def logged_commit(*args, **kw):
+        commit(*args, **kw)
+        committed.set()
+
+    def gated_use(layer):
+        seen.append(layer)
+        if layer == 0 and len(seen) > 1:  # the embeddings again: their backward
+            seen.append(committed.wait(timeout))
+        return use(layer)
+    m.server.commit, m.relay.use = logged_commit, gated_use
+    m.step(next(synthetic_batches(m.run)))
+    m.state_dict()
+    return seen[-1] is True
+
+
+def test_overlap_updates_layers_while_the_backward_runs():
+    assert _host_commit_during_backward(_method(options=dict(overlap="on")), timeout=30.0)
+
+
+@pytest.mark.parametrize("kw", [dict(options=dict(overlap="off")),
+                                dict(options=dict(overlap="on"), clip_grad_norm=1.0)],
+                         ids=["overlap-off", "overlap-on-clipping"])
+def test_no_update_before_the_backward_has_finished(kw):
+    # Algorithm 2 updates after the backward; a global gate (clipping) defers the commits too.
+    assert not _host_commit_during_backward(_method(**kw), timeout=0.5)
+
+
+def test_options_are_declared_and_validated():
+    cls = get("l2l")
+    assert cls.options["stash"].default == "gpu" and cls.options["overlap"].default == "off"
+    run = apply_overrides(RunConfig(method="l2l"), ["stash=cpu", "overlap=on"], cls.options)
+    assert run.options == {"stash": "cpu", "overlap": "on"}
+    with pytest.raises(ConfigError):
+        apply_overrides(RunConfig(method="l2l"), ["stash=disk"], cls.options)
+    assert get("l2l-cmp").precisions == ("fp16", "bf16") and get("l2l").precisions == ("fp32",)
+
+
+def test_batches_of_changing_length_match_grad_accum():
+    # Fine-tuning trims each batch to its longest sample: the offloaded stash must follow the shape.
+    m = _method(options=dict(stash="cpu", overlap="on"))
+    ref = build_method(dataclasses.replace(m.run, method="grad_accum", options={}))
+    w0 = ref.state_dict()
+    for batch, length in zip(synthetic_batches(m.run, padded=True), (16, 8, 12)):
+        cut = lambda t: t[:, :length].contiguous()  # noqa: E731
+        batch = dataclasses.replace(batch, input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
+                                    token_type_ids=cut(batch.token_type_ids))
+        m.step(batch)
+        ref.step(batch)
+    ours, theirs = m.state_dict(), ref.state_dict()
+    assert max(relative_error(ours[k] - w0[k], theirs[k] - w0[k]) for k in ours
+               if k not in ref.model.gradient_free()) <= 1e-6
+    assert all(buf.numel() == 2 * 16 * m.model.cfg.hidden for buf in m.stash.host.values())
