@@ -59,7 +59,7 @@ def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[
             cols += [f"{m.key} x{exp.baseline} ours", f"{m.key} x{exp.baseline} paper"]
     out = []
     for cell, rec in zip(cells, records):
-        status = rec["status"] if rec else "not run"
+        status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
         metrics = (rec or {}).get("metrics") or {}
         line: list[Any] = [cell.row.name, cell.row.method, *[cell.row.labels.get(c, "") for c in exp.label_columns],
                            status]
