@@ -32,7 +32,11 @@ def throughput_cell(run, device, cap) -> dict:
     if run.ranks > 1:  # each rank takes its share of the global minibatch; offsets stay global
         rank, world = int(os.environ.get("RANK", 0)), run.ranks
         batches = (b.shard(rank, world) for b in batches)
-    return measure(method, batches, run.warmup, run.steps, device, cap).summary()
+    m = measure(method, batches, run.warmup, run.steps, device, cap).summary()
+    if run.ranks > 1:  # rank 0 timed its share; the cell's throughput is the whole minibatch's
+        m["throughput_per_rank"] = m["throughput"]
+        m["throughput"] = run.batch_size / m["step_time_median"]
+    return m
 
 
 def classify(exc: BaseException) -> str:
