@@ -42,7 +42,9 @@ def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
     commit = _git("rev-parse", "HEAD")
     return {
         "commit": commit or None,
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else None,
+        # Code paths only, untracked files included: results/ changes as runs land and is not code.
+        "dirty": bool(_git("status", "--porcelain", "--", "suite", "baselines", "methods", "experiments",
+                           "pyproject.toml")) if commit else None,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": _version("transformers"),
