@@ -32,6 +32,10 @@ def run_cell(cell: Cell, timeout: float | None = None) -> dict:
         with open(cfg_path, "w") as f:
             json.dump(cell.resolved(), f, default=str)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+        # One OpenMP team per core across the cell's ranks: oversubscribed teams spin and can make a
+        # small CPU step tens of times slower. An explicit OMP_NUM_THREADS wins.
+        world = registry.get(cell.run.method).world_size(cell.run)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
         with open(log_path, "w") as log:
             # A new session so that a timeout kills the cell and every rank it started.
             proc = subprocess.Popen(_command(cell, cfg_path, out_path), stdout=log, stderr=subprocess.STDOUT,
