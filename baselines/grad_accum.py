@@ -7,12 +7,14 @@ from suite.data import MiniBatch
 from suite.device import autocast
 from suite.loss_scale import DynamicLossScaler
 from suite.optim import LayerwiseOptimizer
-from suite.registry import Method, StepStats, register
+from suite.registry import Method, Option, StepStats, register
 
 
 @register("grad_accum")
 class GradAccum(Method):
     """The whole model on the device; micro-batches run one after another, gradients accumulate."""
+
+    options = {"recompute": Option("off", ("off", "on"), "on: keep only block inputs, recompute in the backward")}
 
     def __init__(self, model, run, device):
         super().__init__(model, run, device)
@@ -30,7 +32,7 @@ class GradAccum(Method):
         for mb in batch.split(self.run.num_micro_batches):
             ctx = self.model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, batch.size)
             with autocast(self.device, self.run.precision):
-                loss = self.model.forward_micro_batch(ctx)
+                loss = self.model.forward_micro_batch(ctx, recompute=self.opts["recompute"] == "on")
             self.scaler.scale_loss(loss).backward()
             total += loss.detach()
         grads = [p.grad for p in self.params if p.grad is not None]

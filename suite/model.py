@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from suite import rng
@@ -100,11 +101,18 @@ class LayeredModel(nn.Module):
                 return loss
             return self.family.block(module, x, ctx)
 
-    def forward_micro_batch(self, ctx: LayerContext) -> torch.Tensor:
-        """All layers in order for one micro-batch; returns its share of the loss."""
+    def forward_micro_batch(self, ctx: LayerContext, recompute: bool = False) -> torch.Tensor:
+        """All layers in order for one micro-batch; returns its share of the loss.
+
+        With `recompute`, each block keeps only its input and is recomputed in the backward
+        (torch.utils.checkpoint); the keyed masks make the recompute exact.
+        """
         x = ctx.mb
         for i in range(self.num_layers):
-            x = self.forward_layer(i, x, ctx)
+            if recompute and 0 < i < self.num_layers - 1:
+                x = torch.utils.checkpoint.checkpoint(self.forward_layer, i, x, ctx, use_reentrant=False)
+            else:
+                x = self.forward_layer(i, x, ctx)
         return x
 
 
