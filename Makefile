@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 list clean-venv
+.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 list clean-venv
 
 setup: $(STAMP)
 
@@ -35,8 +35,8 @@ bench: $(STAMP)
 list: $(STAMP)
 	$(PY) -m suite list
 
-table2: $(STAMP)
-	$(PY) -m suite run table2 --profile $(PROFILE) $(RUN_FLAGS)
+table2 table3 table4 table5 table6: $(STAMP)
+	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -35,7 +35,7 @@ def ratio_bars(exp, results_dir: Path) -> list[Path]:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_ylabel(f"{metric.label} / {exp.baseline}")
         ax.legend(fontsize=7)
-    fig.suptitle(exp.title, fontsize=10)
+    fig.suptitle(exp.title, fontsize=10, wrap=True)
     fig.tight_layout()
     out = results_dir / "figures" / f"{exp.name}.png"
     out.parent.mkdir(parents=True, exist_ok=True)

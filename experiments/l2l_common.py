@@ -1,0 +1,63 @@
+"""Shared by the L2L Tables 3-6: rows carrying method options or a skip reason, and BERT size arithmetic."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from suite.experiment import Row
+
+# Host bytes per parameter of the eager param server (methods/l2l/param_server.py): FP32 master,
+# FP32 gradient and two FP32 optimizer moments (LAMB and AdamW alike); under CMP also the 16-bit
+# copy uploaded to the device and the 16-bit buffer its gradient lands in.
+HOST_BYTES_PER_PARAM = {"l2l": 4 + 4 + 8, "l2l-cmp": 4 + 4 + 8 + 2 + 2}
+HOST_HEADROOM = 0.8  # of the machine's memory: the OS, Python and torch, the device-side slots on a CPU run
+
+
+def half(profile: str) -> str:
+    """16-bit precision of the AMP and CMP rows: fp16 on a GPU profile, bf16 (CPU autocast) at `tiny`."""
+    return "bf16" if profile == "tiny" else "fp16"
+
+
+def l2l_row(name: str, method: str, overrides: dict, labels: dict, paper: dict | None = None,
+            options: dict | None = None, skip: str | None = None) -> Row:
+    """A Row whose method options (L2L's stash, overlap) join its overrides."""
+    return Row(name, method, {**overrides, **(options or {})}, labels, paper or {}, skip=skip)
+
+
+def bert_params(layers: int, hidden: int, intermediate: int, vocab_size: int, max_seq: int,
+                num_labels: int = 2, type_vocab: int = 2) -> int:
+    """Parameters of BertForSequenceClassification (checked against a built model in the tests)."""
+    embed = (vocab_size + max_seq + type_vocab) * hidden + 2 * hidden  # three tables + LayerNorm
+    block = (4 * (hidden * hidden + hidden)                            # Q, K, V, attention output
+             + 2 * hidden * intermediate + intermediate + hidden      # feed-forward in and out
+             + 2 * 2 * hidden)                                        # two LayerNorms
+    head = hidden * hidden + hidden + hidden * num_labels + num_labels  # pooler + classifier
+    return embed + layers * block + head
+
+
+def l2l_host_bytes(params: int, method: str = "l2l-cmp") -> int:
+    """Host memory the eager param server holds for a model of `params` parameters."""
+    return params * HOST_BYTES_PER_PARAM[method]
+
+
+def machine_host_bytes() -> int:
+    """Physical memory, or the cgroup's limit when that is lower (a container)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def fmt_count(n: int) -> str:
+    """1_234_000_000 -> '1.23 B'; the paper writes '300 MILLION', '17 BILLION'."""
+    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+
+
+def skipped(labels: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    """A row's labels with its `note` saying why it has no cell (its status reads `skipped: ...`)."""
+    return {**labels, "note": f"not run: {reason}" if reason else labels.get("note", "")}

@@ -1,0 +1,99 @@
+"""L2L paper Table 3: L2L-CMP throughput and memory with 1, 2 and 4 micro-batches in the inner loop."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.l2l_common import half, l2l_row
+from suite.experiment import Experiment, Metric, Row
+
+UBATCHES = (1, 2, 4)
+PAPER = {1: (52.48, 3.69), 2: (70.97, 3.89), 4: (84.91, 4.27)}  # #uBatches: (samples/s, GB)
+_UBATCH = {"paper": 64, "small": 32, "tiny": 16}  # micro-batch per device
+TARGET = 0.95  # L2L-CMP throughput / AMP's at the same batch, the issue's target on a GPU
+# The paper's memory (3.69 GB at one micro-batch, the 24-layer stash-on-CPU value of its Table 5,
+# and 4.27 GB at four, below the 6.4 GB a 16-bit stash of 256 samples x 24 layers would take on
+# the device) says these rows keep the stash on the host. Host updates overlap the backward: the
+# paper's param server updates "eagerly ... in parallel to execution" (section 2.1).
+L2L_OPTIONS = {"stash": "cpu", "overlap": "on"}
+
+
+def base(profile: str) -> dict:
+    common = {"optimizer": "lamb", "lr": 1e-4, "precision": half(profile), "micro_batch_size": _UBATCH[profile]}
+    if profile == "paper":  # Table 1: BERT-Large, max sequence 512
+        return {**common, "model.preset": "bert-large", "seq_len": 512, "warmup": 2, "steps": 5}
+    if profile == "small":
+        return {**common, "model.preset": "bert-base", "seq_len": 128, "warmup": 2, "steps": 5}
+    return {**common, "model.preset": "tiny", "seq_len": 64, "warmup": 2, "steps": 5}
+
+
+def rows(profile: str) -> list[Row]:
+    ub = _UBATCH[profile]
+    out = []
+    for u in UBATCHES:
+        labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u}
+        out.append(l2l_row(f"l2l-cmp-u{u}", "l2l-cmp", {"num_micro_batches": u}, {**labels, "stash": "cpu"},
+                          {"throughput": PAPER[u][0], "memory_gb": PAPER[u][1]}, options=L2L_OPTIONS))
+    # The reference of the target: AMP with the whole model on the device, accumulating the same
+    # micro-batches. It does not recompute, so it does a quarter less work than an AMP that
+    # recomputes per layer: a stricter reference than the target's (the suite has no such method).
+    for u in UBATCHES:
+        out.append(l2l_row(f"amp-u{u}", "amp", {"num_micro_batches": u},
+                          {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA"}))
+    return out
+
+
+def target_figure(exp, results_dir: Path) -> list[Path]:
+    """Per #uBatches, L2L-CMP throughput over AMP's at the same batch, one bar per profile/device, the target drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from suite import results
+
+    secs = results.sections(exp, Path(results_dir))
+    if not secs:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    width = 0.8 / len(secs)
+    for k, (title, cells, records) in enumerate(secs):
+        got = {c.row.name: (r or {}).get("metrics", {}).get("throughput") for c, r in zip(cells, records)
+               if r and r.get("status") == "ok"}
+        ratios = [got[f"l2l-cmp-u{u}"] / got[f"amp-u{u}"] if got.get(f"l2l-cmp-u{u}") and got.get(f"amp-u{u}")
+                  else 0.0 for u in UBATCHES]
+        ax.bar([i + k * width for i in range(len(UBATCHES))], ratios, width, label=title)
+    ax.axhline(TARGET, color="C3", ls="--", lw=1, label=f"target {TARGET:.0%} (paper profile, GPU)")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(UBATCHES))], [f"{u} uBatch(es)" for u in UBATCHES])
+    ax.set_ylabel("L2L-CMP / AMP throughput, same batch")
+    ax.legend(fontsize=7)
+    ax.set_title("Table 3: L2L-CMP against AMP (whole model on the device)", fontsize=9)
+    fig.tight_layout()
+    out = Path(results_dir) / "figures" / "table3_vs_amp.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return [out]
+
+
+EXPERIMENT = Experiment(
+    name="table3",
+    title="Table 3: L2L-CMP throughput and memory by number of micro-batches (inner looping)",
+    source="L2L paper (l2l-constant-memory.txt), section 3.2.1, Table 3: BERT-Large, CMP, 4x V100-16GB",
+    metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory (GB)", "{:.3g}")],
+    label_columns=["uBatch", "#uBatches", "device batch", "stash"],
+    baseline="l2l-cmp-u1",
+    rows=rows,
+    base=base,
+    figure=target_figure,
+    notes=("Ratios to `l2l-cmp-u1` give the inner loop's gain (the paper: +35% at 2, +62% at 4 micro-batches). "
+           "The paper's throughput is over 4 GPUs (its Table 4 repeats these rows as its 4-GPU rows) and its memory "
+           "per GPU; ours is one device running one device's batch. L2L rows keep the stash in host memory and "
+           "update layers on the host during the backward (stash=cpu, overlap=on). The `amp-u*` rows are the "
+           f"reference of the issue's target for the `paper` profile on a GPU: L2L-CMP at least {TARGET:.0%} of "
+           "AMP's throughput at the same batch (figures/table3_vs_amp.png). They keep the whole model on the "
+           "device and do not recompute, so they are faster than the target's AMP-with-per-layer-recompute "
+           "reference: meeting the target against them meets it against that one. At `tiny` on CPU the device "
+           "and the host are one memory, transfers are memory copies and 16-bit is bf16: the rows test the inner "
+           "loop's amortisation of per-layer and per-step host work, not PCIe; memory is the CPU live-bytes "
+           "tracker's count."),
+)
