@@ -13,6 +13,17 @@ HOST_BYTES_PER_PARAM = {"l2l": 4 + 4 + 8, "l2l-cmp": 4 + 4 + 8 + 2 + 2}
 HOST_HEADROOM = 0.8  # of the machine's memory: the OS, Python and torch, the device-side slots on a CPU run
 
 
+# The model and sequence of each profile: Table 1's BERT-Large at `paper`, BERT-base at `small`.
+PROFILE_MODEL = {"paper": {"model.preset": "bert-large", "seq_len": 512},
+                 "small": {"model.preset": "bert-base", "seq_len": 128},
+                 "tiny": {"model.preset": "tiny", "seq_len": 64}}
+
+
+def bert_base(profile: str, warmup: int = 2, steps: int = 5, **extra) -> dict:
+    """The overrides every L2L table starts from at `profile`: model, sequence, LAMB, timed steps."""
+    return {"optimizer": "lamb", "lr": 1e-4, **PROFILE_MODEL[profile], "warmup": warmup, "steps": steps, **extra}
+
+
 def half(profile: str) -> str:
     """16-bit precision of the AMP and CMP rows: fp16 on a GPU profile, bf16 (CPU autocast) at `tiny`."""
     return "bf16" if profile == "tiny" else "fp16"

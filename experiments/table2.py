@@ -1,6 +1,7 @@
 """L2L paper Table 2: memory and throughput of baseline AG (FP32, AMP) against L2L (FP32, CMP) on BERT."""
 from __future__ import annotations
 
+from experiments.l2l_common import bert_base, half
 from suite.experiment import Experiment, Metric, Row
 from suite.plots import ratio_bars
 
@@ -15,12 +16,7 @@ _SHAPES = {  # profile: (samples per device, baseline device batch)
 
 
 def base(profile: str) -> dict:
-    common = {"optimizer": "lamb", "lr": 1e-4}
-    if profile == "paper":  # Table 1: BERT-Large, max sequence 512
-        return {**common, "model.preset": "bert-large", "seq_len": 512, "warmup": 2, "steps": 5}
-    if profile == "small":
-        return {**common, "model.preset": "bert-base", "seq_len": 128, "warmup": 2, "steps": 5}
-    return {**common, "model.preset": "tiny", "seq_len": 64, "warmup": 2, "steps": 5}
+    return bert_base(profile)
 
 
 def rows(profile: str) -> list[Row]:
@@ -32,11 +28,11 @@ def rows(profile: str) -> list[Row]:
     return [
         Row("baseline-fp32", "grad_accum", {**accum, "precision": "fp32"}, {**base_labels, "precision": "FP32"},
             {"throughput": 16.52, "memory_gb": 10.51}),
-        Row("baseline-amp", "amp", {**accum, "precision": "fp16" if profile != "tiny" else "bf16"},
+        Row("baseline-amp", "amp", {**accum, "precision": half(profile)},
             {**base_labels, "precision": "AMP"}, {"throughput": 26.2, "memory_gb": 9.2}),
         Row("l2l-fp32", "l2l", {**relay, "precision": "fp32"}, {**relay_labels, "precision": "FP32"},
             {"throughput": 22.5, "memory_gb": 9.45}),
-        Row("l2l-cmp", "l2l-cmp", {**relay, "precision": "fp16" if profile != "tiny" else "bf16"},
+        Row("l2l-cmp", "l2l-cmp", {**relay, "precision": half(profile)},
             {**relay_labels, "precision": "CMP"}, {"throughput": 52.48, "memory_gb": 4.96}),
     ]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.l2l_common import half, l2l_row
+from experiments.l2l_common import bert_base, half, l2l_row
 from suite.experiment import Experiment, Metric, Row
 
 UBATCHES = (1, 2, 4)
@@ -18,12 +18,7 @@ L2L_OPTIONS = {"stash": "cpu", "overlap": "on"}
 
 
 def base(profile: str) -> dict:
-    common = {"optimizer": "lamb", "lr": 1e-4, "precision": half(profile), "micro_batch_size": _UBATCH[profile]}
-    if profile == "paper":  # Table 1: BERT-Large, max sequence 512
-        return {**common, "model.preset": "bert-large", "seq_len": 512, "warmup": 2, "steps": 5}
-    if profile == "small":
-        return {**common, "model.preset": "bert-base", "seq_len": 128, "warmup": 2, "steps": 5}
-    return {**common, "model.preset": "tiny", "seq_len": 64, "warmup": 2, "steps": 5}
+    return bert_base(profile, precision=half(profile), micro_batch_size=_UBATCH[profile])
 
 
 def rows(profile: str) -> list[Row]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.l2l_common import half, l2l_row, skipped
+from experiments.l2l_common import bert_base, half, l2l_row, skipped
 from experiments.table3 import L2L_OPTIONS, UBATCHES
 from suite.cell import cell_kind, throughput_cell
 from suite.experiment import Experiment, Metric, Row
@@ -32,13 +32,8 @@ def ranks_n(profile: str) -> tuple[int, str | None]:
 
 
 def base(profile: str) -> dict:
-    common = {"optimizer": "lamb", "lr": 1e-4, "precision": half(profile)}
-    if profile == "paper":  # Table 1: BERT-Large, max sequence 512
-        return {**common, "model.preset": "bert-large", "seq_len": 512, "warmup": 2, "steps": 5}
-    if profile == "small":
-        return {**common, "model.preset": "bert-base", "seq_len": 128, "warmup": 2, "steps": 5}
-    # gloo ranks on CPU: on a GPU machine `auto` would put both ranks on one GPU, which NCCL refuses.
-    return {**common, "model.preset": "tiny", "seq_len": 64, "warmup": 2, "steps": 5, "device": "cpu"}
+    # gloo ranks on CPU at `tiny`: on a GPU machine `auto` would put both ranks on one GPU, which NCCL refuses.
+    return bert_base(profile, precision=half(profile), **({"device": "cpu"} if profile == "tiny" else {}))
 
 
 def rows(profile: str) -> list[Row]:

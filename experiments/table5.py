@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.l2l_common import bert_params, fmt_count, half, l2l_host_bytes, l2l_row
+from experiments.l2l_common import bert_base, bert_params, fmt_count, half, l2l_host_bytes, l2l_row
 from suite.config import PRESETS
 from suite.experiment import Experiment, Metric, Row
 
@@ -36,14 +36,9 @@ _PAPER_384_STASH = 384 * 64 * 512 * _L["hidden"] * 2  # one 16-bit block input p
 
 
 def base(profile: str) -> dict:
-    common = {"optimizer": "lamb", "lr": 1e-4, "precision": half(profile), "num_micro_batches": 1,
-              "device_memory": CAP[profile]}
-    if profile == "paper":  # BERT-Large layers (Table 1), max sequence 512
-        return {**common, "model.preset": "bert-large", "seq_len": 512, "warmup": 1, "steps": 2}
-    if profile == "small":
-        return {**common, "model.preset": "bert-base", "seq_len": 128, "warmup": 1, "steps": 2}
     # CPU at `tiny` wherever it runs: the cap is sized for the live-bytes tracker, not a CUDA allocator.
-    return {**common, "model.preset": "tiny", "seq_len": 64, "warmup": 1, "steps": 2, "device": "cpu"}
+    return bert_base(profile, warmup=1, steps=2, precision=half(profile), num_micro_batches=1,
+                     device_memory=CAP[profile], **({"device": "cpu"} if profile == "tiny" else {}))
 
 
 def rows(profile: str) -> list[Row]:
