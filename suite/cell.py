@@ -29,7 +29,9 @@ def throughput_cell(run, device, cap) -> dict:
 
     method = build_method(run, device)
     batches = synthetic_batches(run)
-    if run.ranks > 1:  # each rank takes its share of the global minibatch; offsets stay global
+    if run.ranks > 1 and method.shards_batch:
+        # Data-parallel ranks take their share of the global minibatch (offsets stay global); a
+        # pipeline's stages all see the whole minibatch.
         rank, world = int(os.environ.get("RANK", 0)), run.ranks
         batches = (b.shard(rank, world) for b in batches)
     m = measure(method, batches, run.warmup, run.steps, device, cap).summary()
@@ -93,7 +95,8 @@ def main(argv: list[str]) -> int:
         with open(tmp, "w") as f:
             json.dump(record, f, default=str)
         os.replace(tmp, argv[1])
-    return 0
+    # A failed rank must exit non-zero, or torchrun leaves its peers waiting until their timeouts.
+    return 1 if record["status"] != "ok" and int(os.environ.get("WORLD_SIZE", 1)) > 1 else 0
 
 
 if __name__ == "__main__":

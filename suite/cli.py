@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 
 from suite.config import ConfigError
@@ -47,6 +49,15 @@ def _check(args) -> int:
     cls = registry.get(args.method)
     registry.get(args.against)
     run = apply_overrides(RunConfig(method=args.method), args.set or [], cls.options)
+    world = cls.world_size(run)
+    if world > 1 and "RANK" not in os.environ:
+        # Several ranks: the method's own torchrun check (it also proves the ranks agree).
+        module = getattr(cls, "dist_check_module", None)
+        if module is None:
+            raise ConfigError(f"{args.method} needs {world} ranks and has no multi-rank check")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+               "-m", module, "--method", args.method, "--against", args.against, "--steps", str(args.steps)]
+        return subprocess.call(cmd + [x for s in args.set or [] for x in ("--set", s)])
     if not any(s.startswith("precision=") for s in args.set or []):
         run.precision = default_precision(args.method, resolve_device(run.device))
     result = check(run, args.against, args.steps)

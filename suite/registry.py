@@ -51,6 +51,10 @@ class Method(ABC):
     name: ClassVar[str] = ""
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
     options: ClassVar[dict[str, Option]] = {}
+    # Several ranks: does each rank take a shard of the minibatch (data parallel) or all of it (pipeline
+    # stages)? And which torchrun module proves the multi-rank run equivalent (`suite check` launches it)?
+    shards_batch: ClassVar[bool] = True
+    dist_check_module: ClassVar[str | None] = None
 
     def __init__(self, model, run, device: torch.device):
         self.model, self.run, self.device = model, run, device
