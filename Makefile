@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 list clean-venv
+.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 pipeline-timelines pipeline-bench list clean-venv
 
 setup: $(STAMP)
 
@@ -37,6 +37,12 @@ list: $(STAMP)
 
 table2 table3 table4 table5 table6: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
+
+pipeline-timelines: $(STAMP)
+	$(PY) -m methods.pipeline.timelines
+
+pipeline-bench: $(STAMP)
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=2 -m methods.pipeline.bench
 
 clean-venv:
 	rm -rf $(VENV)

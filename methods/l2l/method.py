@@ -42,6 +42,7 @@ class L2L(Method):
     """
 
     precisions = ("fp32",)
+    dist_check_module = "methods.l2l.dist_check"
     options = {
         "stash": Option("gpu", ("gpu", "cpu"), "where boundary activations wait for the backward"),
         "overlap": Option("off", ("off", "on"), "on: update layer l on the host during layer l-1's backward (L2Lp)"),

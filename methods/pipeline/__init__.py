@@ -1,1 +1,1 @@
-"""Pipeline parallelism: schedule IR, validator, simulator, partitioner (pure Python, no torch)."""
+"""Pipeline parallelism: schedule IR, validator, simulator, partitioner, stages and executors (reference and torch.distributed)."""
