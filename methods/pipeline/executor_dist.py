@@ -98,9 +98,11 @@ class DistExecutor:
     def _peer(self, a: Action) -> int:
         return a.peer * self.width + self.replica
 
-    def run(self, actions: list[Action], contexts: dict, update: bool = True) -> float:
+    def run(self, actions: list[Action], contexts: dict, update: bool = True, carry: bool = False) -> float:
         """Execute this stage's actions of one step; contexts[mb] is the LayerContext of this
-        replica's micro-batch mb. update=False skips OPTIMIZER_STEP. Returns the minibatch loss."""
+        replica's micro-batch mb. update=False skips OPTIMIZER_STEP. carry=True leaves unfinished
+        sends pending for the next call (a 2BW window's gradient may be received in the next window,
+        and a gloo send completes only once its receive is posted). Returns the minibatch loss."""
         acts = [a for a in actions if update or a.kind is not OPTIMIZER_STEP]
         self.records, self.box, self.at = [], {}, None
         self.stage.loss.zero_()
@@ -120,9 +122,10 @@ class DistExecutor:
                 self._record(a, t0)
                 i += 1
             self.at = None
-            for work, _ in self.pending:
-                self._wait(work)
-            self.pending = []
+            if not carry:
+                for work, _ in self.pending:
+                    self._wait(work)
+                self.pending = []
             loss = self.stage.loss.clone() if self.stage.last else torch.zeros((), device=self.device)
             self._wait(dist.all_reduce(loss, async_op=True))
             return float(loss)
@@ -183,7 +186,7 @@ class DistExecutor:
         if a.kind is FORWARD:
             st.check_version(a)
             ctx = contexts[a.mb]
-            out = st.forward(key, ctx.mb if st.first else take(self.box, RECV_ACT, a), ctx)
+            out = st.forward(key, ctx.mb if st.first else take(self.box, RECV_ACT, a), ctx, a.version)
             if not st.last:
                 self.box[SEND_ACT, a.mb] = out
         elif a.kind is BACKWARD:
@@ -192,6 +195,7 @@ class DistExecutor:
             if not st.first:
                 self.box[SEND_GRAD, a.mb] = grad
         elif a.kind is ALL_REDUCE:
+            st.collect_grads()
             self._all_reduce_grads()
         elif a.kind is OPTIMIZER_STEP:
             if self.clip > 0:

@@ -21,12 +21,14 @@ class ReferenceExecutor:
     send has run; stages take turns, each running until it blocks, and a replica runs only while
     the ones before it wait at ALL_REDUCE, so gradients accumulate in micro-batch order as in
     grad_accum. Each stage executes its own actions in list order, so stashes are those of the
-    distributed executor. It is the test oracle and the single-device runner.
+    distributed executor. It is the test oracle and the single-device runner. Message queues
+    persist across run() calls: a 2BW window may send a gradient that the next window receives.
     """
 
     def __init__(self, stages: list[Stage], width: int = 1, clip_grad_norm: float = 0.0):
         self.stages, self.width, self.clip = stages, width, clip_grad_norm
         self.records: list[dict] = []
+        self.queues: dict = defaultdict(deque)
 
     def _members(self, a: Action, r: int, s: int) -> list[tuple[int, int]]:
         # A global clip norm needs every stage's gradients before any stage updates.
@@ -45,7 +47,7 @@ class ReferenceExecutor:
         for st in self.stages:
             st.loss.zero_()
         ptr = {(r, s): 0 for r in range(w) for s in range(d)}
-        queues: dict = defaultdict(deque)
+        queues = self.queues
         boxes = {inst: {} for inst in ptr}
         self.records = []
 
@@ -90,7 +92,7 @@ class ReferenceExecutor:
         elif a.kind is FORWARD:
             st.check_version(a)
             ctx = ctxs[a.mb]
-            out = st.forward((r, a.mb), ctx.mb if st.first else take(box, RECV_ACT, a), ctx)
+            out = st.forward((r, a.mb), ctx.mb if st.first else take(box, RECV_ACT, a), ctx, a.version)
             if not st.last:
                 box[SEND_ACT, a.mb] = out
         elif a.kind is BACKWARD:
@@ -102,9 +104,11 @@ class ReferenceExecutor:
             raise ValueError(f"unknown action {a}")
 
     def _collective(self, a: Action, members: list[tuple[int, int]]) -> None:
-        if a.kind is ALL_REDUCE:
-            return  # replicas share weights: their gradients are already summed
         stages = [self.stages[s] for s in sorted({s for _, s in members})]
+        if a.kind is ALL_REDUCE:
+            for st in stages:
+                st.collect_grads()  # replicas share weights: their gradients are already summed
+            return
         if self.clip > 0:
             coef = clip_coefficient(torch.stack([st.grad_sq_norm() for st in stages]).sum(), self.clip)
             for st in stages:

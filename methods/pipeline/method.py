@@ -1,4 +1,4 @@
-"""PipelineMethod: the Method contract for flush pipelines (GPipe, PipeDream-Flush) over either executor."""
+"""PipelineMethod: the Method contract for pipelines (GPipe, PipeDream-Flush, 2BW) over either executor."""
 from __future__ import annotations
 
 import dataclasses
@@ -60,6 +60,10 @@ class PipelineMethod(Method):
     shards_batch: ClassVar[bool] = False
     # What `suite check` should launch under torchrun when world_size(run) > 1.
     dist_check_module: ClassVar[str] = "methods.pipeline.dist_check"
+    # Weight versions each stage holds: 1 for flush schedules, 2 for 2BW's double buffer.
+    stage_versions: ClassVar[int] = 1
+    # Steps of the schedule validated at start-up (2BW: enough to contain every distinct window).
+    schedule_steps: ClassVar[int] = 1
 
     @classmethod
     def resolved_options(cls, run) -> dict:
@@ -85,13 +89,14 @@ class PipelineMethod(Method):
             raise ConfigError(f"ranks={run.ranks}: a pipeline takes its ranks from stages x width; keep ranks=1")
         self.d, self.w, self.m = d, w, run.num_micro_batches // w
         self.ranges = split_layers(model, d)
-        self.schedule = GENERATORS[self.schedule_name](d, self.m, 1)
+        self.schedule = GENERATORS[self.schedule_name](d, self.m, self.schedule_steps)
         self.report = validate(self.schedule)  # a malformed schedule fails before any process waits
         self.step_count = 0
         recompute, clip = self.opts["recompute"], run.clip_grad_norm
         if self.opts["executor"] == "reference":
             self.replicas = list(range(w))
-            self.stages = [Stage(model, r, s, device, recompute, run) for s, r in enumerate(self.ranges)]
+            self.stages = [Stage(model, r, s, device, recompute, run, self.stage_versions)
+                           for s, r in enumerate(self.ranges)]
             self.executor = ReferenceExecutor(self.stages, w, clip)
         else:
             from .executor_dist import DistExecutor, init_distributed
@@ -103,7 +108,7 @@ class PipelineMethod(Method):
             for i in set(range(model.num_layers)) - set(self.ranges[s]):
                 model.layers[i].to("meta")  # other stages' weights: not this rank's to hold
             self.replicas = [r]
-            self.stages = [Stage(model, self.ranges[s], s, device, recompute, run)]
+            self.stages = [Stage(model, self.ranges[s], s, device, recompute, run, self.stage_versions)]
             self.executor = DistExecutor(self.stages[0], d, w, device, self.opts["timeout"], clip,
                                          self.opts["timeline"])
 

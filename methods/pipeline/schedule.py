@@ -1,7 +1,7 @@
 """Schedule IR: per-stage action lists and pure generators for GPipe, 1F1B/Flush and 2BW."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -201,3 +201,60 @@ def two_bw(d: int, m: int, steps: int = 1) -> Schedule:
 
 
 GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "2bw": two_bw}
+
+
+# A 2BW run is one 1F1B stream, but Method.step() hands over one minibatch at a time: the stream is
+# cut into per-step windows. Window t holds, per stage, the actions after the previous window up to
+# (not including) the first action that needs minibatch t+1 or that updates with group t's
+# gradients; the drain finishes the stream. Concatenated, windows and drain are exactly
+# two_bw(d, m, steps) (tests/pipeline/test_pipeline_2bw.py), so every run obeys its validation.
+
+
+def _window_cut(acts: list[Action], k: int, m: int) -> int:
+    """Index of the first action that touches a micro-batch of group >= k or belongs to update k
+    (R, U@vk): every stage's update k then falls in the same window, so a global clip norm and the
+    per-update collectives pair across stages."""
+    updates = 0
+    for i, a in enumerate(acts):
+        if a.mb is not None and a.mb >= k * m:
+            return i
+        if a.kind is ALL_REDUCE:
+            updates += 1
+            if updates >= k:
+                return i
+    return len(acts)
+
+
+def _shift_groups(a: Action, groups: int, m: int) -> Action:
+    """The same action `groups` minibatches later; F/B versions re-derived from the version rule,
+    an update creates a version `groups` higher."""
+    if a.kind is OPTIMIZER_STEP:
+        return replace(a, version=a.version + groups)
+    if a.mb is None:
+        return a
+    mb = a.mb + groups * m
+    return replace(a, mb=mb, version=weight_version("2bw", mb, m) if a.kind in COMPUTE else a.version)
+
+
+def two_bw_window(d: int, m: int, step: int, start: int = 0) -> list[list[Action]]:
+    """Per stage, the 2BW actions that run while minibatch `step` is handed in, for a stream that
+    began at minibatch `start` (0, or the step after a drain). Window u >= 1 of a stream is window
+    1 shifted by u - 1 minibatches (1F1B is periodic), so nothing grows with the run length."""
+    u = step - start
+    if u < 0:
+        raise ValueError(f"step {step} precedes the stream start {start}")
+    base = min(u, 1)
+    sch = two_bw(d, m, base + 2)
+    return [[_shift_groups(a, step - base, m) for a in acts[_window_cut(acts, base, m):_window_cut(acts, base + 1, m)]]
+            for acts in sch.actions]
+
+
+def two_bw_drain(d: int, m: int, steps: int, start: int = 0) -> list[list[Action]]:
+    """Per stage, what remains of a 2BW stream after windows start..steps-1: the last group's
+    outstanding backwards and the last update (stash and messages empty afterwards)."""
+    if steps <= start:
+        raise ValueError(f"nothing to drain: the stream starting at {start} ran no step before {steps}")
+    # Cut where window 0 of a longer stream ends: a one-step schedule already drains before that.
+    cuts = [_window_cut(acts, 1, m) for acts in two_bw(d, m, 2).actions]
+    return [[_shift_groups(a, steps - 1, m) for a in acts[cut:]]
+            for acts, cut in zip(two_bw(d, m, 1).actions, cuts)]
