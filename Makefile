@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 pipeline-timelines pipeline-bench list clean-venv
+.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 pipeline-timelines pipeline-bench list clean-venv
 
 setup: $(STAMP)
 
@@ -37,6 +37,11 @@ list: $(STAMP)
 
 table2 table3 table4 table5 table6: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
+
+# GLUE fine-tuning: DATA_DIR is the folder of GLUE TSVs (the `small` profile's default is ../shared/data/glue).
+DATA_DIR ?=
+table7: $(STAMP)
+	$(PY) -m suite run table7 --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(RUN_FLAGS)
 
 pipeline-timelines: $(STAMP)
 	$(PY) -m methods.pipeline.timelines

@@ -34,6 +34,11 @@ def _run(args) -> int:
     from suite.runner import sweep
 
     exp = get_experiment(args.experiment)
+    if args.data_dir:  # read by the GLUE experiments (in this process and, inherited, in the cells)
+        if not os.path.isdir(args.data_dir):
+            raise ConfigError(f"--data-dir {args.data_dir!r} is not a folder; give the folder holding the GLUE "
+                              "task folders (CoLA, MRPC, RTE, SST-2, STS-B, QNLI)")
+        os.environ["SUITE_GLUE_DIR"] = os.path.abspath(args.data_dir)
     records = sweep(exp, profile=args.profile, only=args.only, force=args.force, device_memory=args.device_memory,
                     overrides=args.set, wandb_mode=args.wandb, timeout=args.timeout)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
@@ -79,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="W&B mode (default: online with an API key, else offline)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--timeout", type=float, help="seconds per cell (default: the experiment's)")
+    r.add_argument("--data-dir", metavar="PATH", help="folder of GLUE TSVs (task folders with train/dev.tsv)")
     r.add_argument("--strict", action="store_true", help="exit non-zero if any cell errored or timed out")
     r.set_defaults(fn=_run)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
