@@ -124,7 +124,9 @@ def log_table(
     run = _run(wandb, experiment=experiment, name=f"{experiment}/table", job_type="table",
                mode=mode, dir=dir)
     try:
-        run.log({experiment: wandb.Table(columns=list(columns), data=[list(r) for r in rows])})
+        # Paper tables mix types in a column (a batch size or "NA"); W&B infers one type per column otherwise.
+        table = wandb.Table(columns=list(columns), data=[list(r) for r in rows], allow_mixed_types=True)
+        run.log({experiment: table})
         return str(run.settings.sync_dir)
     finally:
         run.finish()

@@ -51,7 +51,7 @@ def runs(tmp_path_factory):
             )
             table = tracking.log_table(
                 experiment="exp1", columns=["row", "method", "loss"],
-                rows=[["r1", "adamw", 1.25], ["r2", "sgd", None]],
+                rows=[["r1", "adamw", 1.25], ["r2", "sgd", "NA"], ["r3", "sgd", None]],
                 mode="offline", dir=str(root / "out"),
             )
         finally:
@@ -90,10 +90,10 @@ def test_table_recorded(runs):
     _, cell, table = runs
     assert table is not None and table != cell
     entry = tracking.read_offline_run(table)["summary"]["exp1"]
-    assert entry["_type"] == "table-file" and (entry["nrows"], entry["ncols"]) == (2, 3)
+    assert entry["_type"] == "table-file" and (entry["nrows"], entry["ncols"]) == (3, 3)
     data = json.loads((Path(table) / "files" / entry["path"]).read_text())
     assert data == {"columns": ["row", "method", "loss"],
-                    "data": [["r1", "adamw", 1.25], ["r2", "sgd", None]]}
+                    "data": [["r1", "adamw", 1.25], ["r2", "sgd", "NA"], ["r3", "sgd", None]]}
 
 
 def test_everything_stays_in_the_given_dirs(runs):
