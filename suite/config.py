@@ -12,12 +12,14 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("lamb", "adamw")
 SCHEDULES = ("constant", "linear")
 DEVICES = ("auto", "cpu", "cuda")
-FAMILIES = ("bert",)  # suite.families.FAMILIES holds their implementations
+FAMILIES = ("bert", "bert-mlm", "gpt2")  # suite.families.FAMILIES holds their implementations
 
 # Model presets. `bert-large` is exactly the L2L paper's Table 1.
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-large": dict(layers=24, hidden=1024, intermediate=4096, heads=16, max_seq=512, vocab_size=30522),
     "bert-base": dict(layers=12, hidden=768, intermediate=3072, heads=12, max_seq=512, vocab_size=30522),
+    # GPT-2 medium, the 355M-parameter GPT of the 2BW paper's section 5.1.
+    "gpt2-medium": dict(layers=24, hidden=1024, intermediate=4096, heads=16, max_seq=1024, vocab_size=50257),
     "tiny": dict(layers=4, hidden=64, intermediate=256, heads=4, max_seq=128, vocab_size=1024),
     "tiny-wide": dict(layers=4, hidden=128, intermediate=512, heads=4, max_seq=128, vocab_size=1024),
 }

@@ -7,6 +7,11 @@ from typing import Iterator
 
 import torch
 
+from suite.families.lm import IGNORE
+from suite.masking import NUM_SPECIAL, mask_tokens
+
+OBJECTIVES = ("classify", "mlm", "clm")
+
 
 @dataclass
 class MicroBatch:
@@ -56,8 +61,15 @@ class MiniBatch(MicroBatch):
 
 
 def synthetic_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, num_labels: int,
-                    seed: int, padded: bool = False) -> MiniBatch:
-    """A reproducible random minibatch for `step`: uniform tokens, labels, optional random padding."""
+                    seed: int, padded: bool = False, objective: str = "classify") -> MiniBatch:
+    """A reproducible random minibatch for `step`: uniform tokens, labels, optional random padding.
+
+    `objective` is the model family's: `classify` draws (B,) labels; `clm` makes the labels the
+    token ids (-100 at padding; the head shifts them); `mlm` corrupts the tokens (suite.masking)
+    and labels the targets.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {list(OBJECTIVES)}")
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     ids = torch.randint(1, vocab_size, (batch_size, seq_len), generator=g)
     mask = torch.ones(batch_size, seq_len, dtype=torch.long)
@@ -66,6 +78,12 @@ def synthetic_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, n
         mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
         ids = ids * mask
     types = torch.zeros(batch_size, seq_len, dtype=torch.long)
+    if objective == "clm":
+        return MiniBatch(ids, mask, types, ids.masked_fill(mask == 0, IGNORE))
+    if objective == "mlm":
+        ids = ids.clamp(min=NUM_SPECIAL) * mask  # special ids stay special; padding stays 0
+        ids, labels = mask_tokens(ids, mask, seed, step, vocab_size)
+        return MiniBatch(ids, mask, types, labels)
     if num_labels == 1:
         labels = torch.rand(batch_size, generator=g) * 5.0
     else:
@@ -75,8 +93,12 @@ def synthetic_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, n
 
 def synthetic_batches(run, padded: bool = False) -> Iterator[MiniBatch]:
     """Endless synthetic minibatches for a RunConfig (the same stream for every method)."""
+    from suite.families import FAMILIES
+
+    model = run.model.resolved()
+    objective = FAMILIES[model.family].objective
     step = 0
     while True:
-        yield synthetic_batch(step, run.batch_size, run.seq_len, run.model.vocab_size, run.model.num_labels,
-                              run.seed, padded)
+        yield synthetic_batch(step, run.batch_size, run.seq_len, model.vocab_size, model.num_labels,
+                              run.seed, padded, objective)
         step += 1

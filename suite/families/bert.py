@@ -28,6 +28,7 @@ class BertFamily:
     """The BERT mapping: layer 0 is BertEmbeddings, then each BertLayer, then BertHead."""
 
     name = "bert"
+    objective = "classify"  # labels are (B,) classes, or floats for regression
 
     def build(self, cfg, attn_implementation: str) -> nn.Module:
         from transformers import BertConfig, BertForSequenceClassification
