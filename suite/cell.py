@@ -35,10 +35,23 @@ def throughput_cell(run, device, cap) -> dict:
         rank, world = int(os.environ.get("RANK", 0)), run.ranks
         batches = (b.shard(rank, world) for b in batches)
     m = measure(method, batches, run.warmup, run.steps, device, cap).summary()
+    m.update(rank_memory(m["device_peak_allocated"]))
     if run.ranks > 1:  # rank 0 timed its share; the cell's throughput is the whole minibatch's
         m["throughput_per_rank"] = m["throughput"]
         m["throughput"] = run.batch_size / m["step_time_median"]
     return m
+
+
+def rank_memory(peak: int) -> dict:
+    """Under several ranks, every rank's device peak (rank 0 alone measures its own, a pipeline's first
+    stage); the worst rank is what each device must hold. Collective: every rank calls it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return {}
+    peaks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, int(peak))
+    return {"rank_memory": peaks, "memory_worst_rank_gb": max(peaks) / 1e9}
 
 
 def classify(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Command line: `python -m suite list | run EXPERIMENT | check METHOD`."""
+"""Command line: `python -m suite list | run EXPERIMENT | check METHOD | plan`."""
 from __future__ import annotations
 
 import argparse
@@ -70,6 +70,39 @@ def _check(args) -> int:
     return 0 if result.passed else 1
 
 
+def _plan(args) -> int:
+    from pathlib import Path
+
+    from methods.pipeline import costmodel, planner
+    from suite.config import RunConfig, apply_overrides, parse_size
+    from suite.results import RESULTS_DIR
+
+    bad = [m for m in args.methods if m not in planner.SCHEDULES]
+    if bad:
+        raise ConfigError(f"--methods {bad}: the planner knows {sorted(planner.SCHEDULES)}")
+    sizes = [int(x) for x in args.micro_batch_sizes.split(",")]
+    cap = parse_size(args.memory) if args.memory else None
+    run = apply_overrides(RunConfig(method="pipedream-2bw"), args.set or []).validate()
+    if args.device == "cpu":
+        cache = Path(RESULTS_DIR) / ".cache" / "profiles"
+        prof = costmodel.cached_profile(run, cache, threads=args.threads, refresh=args.refresh)
+        links = costmodel.load_links(cache)
+        prof.p2p, prof.all_reduce = links
+        print(f"profile: {prof.source}; links: p2p {links[0]}, all-reduce {links[1]}"
+              f"{'' if costmodel.links_path(cache).exists() else ' (assumed: run `make planner-check` to calibrate)'}")
+    else:
+        spec = costmodel.DEVICE_SPECS[args.device]
+        m = run.model
+        prof = costmodel.analytic_profile(m.layers, m.hidden, m.heads, run.seq_len, m.vocab_size, spec)
+        print(f"profile: {prof.source} (projected from FLOPs; assumptions in methods/pipeline/costmodel.py)")
+    preds = planner.plan(prof, args.workers, args.batch, cap, tuple(args.methods), sizes,
+                         (False, True) if args.recompute == "both" else (args.recompute == "on",))
+    print(f"{run.model.layers} blocks, hidden {run.model.hidden}, sequence {run.seq_len}; {args.workers} workers, "
+          f"global batch <= {args.batch}, memory cap {args.memory or 'none'}; ranked, fitting first")
+    print(planner.render(preds, args.top))
+    return 0 if preds and preds[0].fits else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -93,6 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--steps", type=int, default=3)
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     c.set_defaults(fn=_check)
+    pl = sub.add_parser("plan", help="rank pipeline configurations (w, d, b, recompute) by predicted throughput")
+    pl.add_argument("--workers", type=int, required=True, help="devices (ranks) in all: w x d")
+    pl.add_argument("--batch", type=int, required=True, help="largest safe global batch")
+    pl.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GB (default: the device spec's)")
+    pl.add_argument("--methods", nargs="+", default=["pipedream-2bw"],
+                    help="pipedream-2bw (default), pipedream-flush, gpipe, mp (inter-layer model parallelism)")
+    pl.add_argument("--micro-batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated candidates for b")
+    pl.add_argument("--recompute", choices=["off", "on", "both"], default="both")
+    pl.add_argument("--device", choices=["cpu", "v100"], default="cpu",
+                    help="cpu: per-layer profile measured here (cached); v100: the paper's cluster, from FLOPs")
+    pl.add_argument("--threads", type=int, default=1, help="threads per rank when profiling on cpu")
+    pl.add_argument("--refresh", action="store_true", help="re-measure the cached profile")
+    pl.add_argument("--top", type=int, default=20)
+    pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="model/run override, e.g. model.preset=bert-base")
+    pl.set_defaults(fn=_plan)
     return p
 
 
