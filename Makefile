@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 pipeline-timelines pipeline-bench list clean-venv
+.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 pipeline-timelines pipeline-bench list clean-venv
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ table2 table3 table4 table5 table6: $(STAMP)
 DATA_DIR ?=
 table7: $(STAMP)
 	$(PY) -m suite run table7 --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(RUN_FLAGS)
+
+# 2BW Table 1: pre-training on the GLUE training sentences of DATA_DIR (tiny: the test fixtures), 2 gloo ranks.
+2bw-table1: $(STAMP)
+	$(PY) -m suite run 2bw-table1 --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(RUN_FLAGS)
 
 pipeline-timelines: $(STAMP)
 	$(PY) -m methods.pipeline.timelines
