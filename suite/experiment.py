@@ -35,6 +35,7 @@ class Metric:
     label: str
     fmt: str = "{:.2f}"
     ratio: bool = True
+    paper: bool = True  # False where the paper has no such number (a column of dashes says nothing)
 
 
 @dataclass

@@ -54,7 +54,7 @@ def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[
     base_row = cells[base_idx].row if base_idx is not None else None
     cols = ["row", "method", *exp.label_columns, "status"]
     for m in exp.metrics:
-        cols += [f"{m.label} ours", f"{m.label} paper"]
+        cols += [f"{m.label} ours", f"{m.label} paper"] if m.paper else [m.label]
         if m.ratio:
             cols += [f"{m.key} x{exp.baseline} ours", f"{m.key} x{exp.baseline} paper"]
     out = []
@@ -64,8 +64,9 @@ def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[
         line: list[Any] = [cell.row.name, cell.row.method, *[cell.row.labels.get(c, "") for c in exp.label_columns],
                            status]
         for m in exp.metrics:
-            ours, paper = _num(metrics.get(m.key)) if status == "ok" else None, cell.row.paper.get(m.key)
-            line += [ours, paper]
+            # An oom record has metrics only when they say why (a projection's memory past its cap).
+            ours, paper = _num(metrics.get(m.key)) if status in FINISHED else None, cell.row.paper.get(m.key)
+            line += [ours, paper] if m.paper else [ours]
             if m.ratio:
                 b_ours = _num(((base_rec or {}).get("metrics") or {}).get(m.key)) if base_rec and \
                     base_rec.get("status") == "ok" else None
@@ -83,7 +84,7 @@ def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, s
     csv.writer(buf).writerows([cols, *[[("" if v is None else v) for v in r] for r in rows]])
     fmts = ["{}"] * (len(exp.label_columns) + 3)
     for m in exp.metrics:
-        fmts += [m.fmt, m.fmt] + (["{:.2f}x", "{:.2f}x"] if m.ratio else [])
+        fmts += ([m.fmt, m.fmt] if m.paper else [m.fmt]) + (["{:.2f}x", "{:.2f}x"] if m.ratio else [])
     md = [f"# {exp.title}", "", f"Source: {exp.source}", "", f"## {profile}", "",
           "Generated from results/runs/ by `python -m suite run`; do not edit by hand.", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -110,3 +110,5 @@ def test_planner_predictions_hold_against_a_measured_run(tmp_path, monkeypatch):
     assert abs(m["memory_error"]) <= 0.25, m
     assert 0.5 <= m["predicted_throughput"] / m["throughput"] <= 2.0, m
     assert (tmp_path / ".cache" / "profiles").is_dir()
+    header = next(line for line in (tmp_path / "planner-check.md").read_text().splitlines() if line.startswith("| row"))
+    assert "memory error" in header and "paper" not in header  # no paper figure exists: no empty paper columns
