@@ -98,7 +98,7 @@ def _plan(args) -> int:
     preds = planner.plan(prof, args.workers, args.batch, cap, tuple(args.methods), sizes,
                          (False, True) if args.recompute == "both" else (args.recompute == "on",))
     print(f"{run.model.layers} blocks, hidden {run.model.hidden}, sequence {run.seq_len}; {args.workers} workers, "
-          f"global batch <= {args.batch}, memory cap {args.memory or 'none'}; ranked, fitting first")
+          f"global batch <= {args.batch}, memory cap {args.memory or (f'{prof.memory / 1e9:g} GB (device spec)' if prof.memory else 'none')}; ranked, fitting first")
     print(planner.render(preds, args.top))
     return 0 if preds and preds[0].fits else 1
 

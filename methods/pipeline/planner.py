@@ -104,15 +104,15 @@ def step_time(method: str, costs: list[Costs], m: int) -> tuple[float, float]:
     sched = SCHEDULES[method]
     d = len(costs)
     if sched == "mp":
-        tl = simulate(GENERATORS["gpipe"](d, 1, 1), [c.__class__(c.forward, c.backward, c.send, 0.0, 0.0)
-                                                     for c in costs])
-        tail = max(c.optimizer + c.all_reduce for c in costs)
-        return m * tl.makespan + tail, tl.bubble
-    if sched == "2bw":
+        tl = simulate(GENERATORS["gpipe"](d, 1, 1), [Costs(c.forward, c.backward, c.send) for c in costs])
+        t = m * tl.makespan + max(c.optimizer + c.all_reduce for c in costs)
+    elif sched == "2bw":
         short, long = simulate(GENERATORS["2bw"](d, m, 2), costs), simulate(GENERATORS["2bw"](d, m, 4), costs)
-        return (long.makespan - short.makespan) / 2, long.bubble
-    tl = simulate(GENERATORS[sched](d, m, 1), costs)
-    return tl.makespan, tl.bubble
+        t = (long.makespan - short.makespan) / 2
+    else:
+        t = simulate(GENERATORS[sched](d, m, 1), costs).makespan
+    busy = sum(m * (c.forward + c.backward) for c in costs) / d  # useful compute per stage and step
+    return t, (1.0 - busy / t if t else 0.0)
 
 
 def predict(profile: Profile, method: str, d: int, w: int, b: int, m: int, recompute: bool,
