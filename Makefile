@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 pipeline-timelines pipeline-bench list clean-venv
+.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list clean-venv
 
 setup: $(STAMP)
 
@@ -46,6 +46,12 @@ table7: $(STAMP)
 # 2BW Table 1: pre-training on the GLUE training sentences of DATA_DIR (tiny: the test fixtures), 2 gloo ranks.
 2bw-table1: $(STAMP)
 	$(PY) -m suite run 2bw-table1 --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(RUN_FLAGS)
+
+# PipeDream-2BW paper Figures 6-9: measured (torchrun ranks) and projected (the planner at the paper's scale) rows.
+2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9: $(STAMP)
+	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
+
+2bw-figs: 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9
 
 pipeline-timelines: $(STAMP)
 	$(PY) -m methods.pipeline.timelines

@@ -82,6 +82,7 @@ def execute(payload: dict) -> dict:
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 — every failure becomes a status, never a lost cell
         record["status"] = classify(exc)
+        record["metrics"] = getattr(exc, "metrics", None) or {}  # e.g. a projection's memory past its cap
         record["error"] = traceback.format_exc()[-4000:]
         if isinstance(exc, KeyboardInterrupt):
             record["status"] = "error: interrupted"
