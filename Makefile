@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list clean-venv
+.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list clean-venv
 
 setup: $(STAMP)
 
@@ -46,6 +46,16 @@ table7: $(STAMP)
 # 2BW Table 1: pre-training on the GLUE training sentences of DATA_DIR (tiny: the test fixtures), 2 gloo ranks.
 2bw-table1: $(STAMP)
 	$(PY) -m suite run 2bw-table1 --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(RUN_FLAGS)
+
+# The 2BW planner: predictions against measured 2-rank runs (results/planner-check.md), and a ranked plan.
+planner-check: $(STAMP)
+	$(PY) -m suite run planner-check --profile $(PROFILE) $(RUN_FLAGS)
+
+PLAN_FLAGS ?= --device v100 --workers 8 --batch 512 --methods pipedream-2bw pipedream-flush gpipe \
+	--set model.layers=42 --set model.hidden=2048 --set model.heads=16 --set model.intermediate=8192 \
+	--set model.vocab_size=51200 --set model.max_seq=1024 --set seq_len=512
+plan: $(STAMP)
+	$(PY) -m suite plan $(PLAN_FLAGS)
 
 # PipeDream-2BW paper Figures 6-9: measured (torchrun ranks) and projected (the planner at the paper's scale) rows.
 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9: $(STAMP)
