@@ -56,6 +56,8 @@ class Profile:
     weight_bytes_per_param: int = 4   # each weight version (FP32 here; 2 for FP16 copies beside FP32 masters)
     state_bytes_per_param: int = GRAD_AND_STATE_BYTES
     optimizer_s_per_param: float = 0.0
+    optimizer_temp_bytes_per_param: float = 8.0  # transient of one layer's optimizer step (LAMB: two FP32 temporaries)
+    all_reduce_buffer_bytes_per_param: float = 4.0  # ours flattens a stage's FP32 gradients for the replicas' all-reduce
     p2p: Link = field(default_factory=Link)
     all_reduce: Link = field(default_factory=Link)
     memory: float | None = None       # bytes per device, when the source states one
@@ -167,15 +169,21 @@ def measure_profile(run, micro_batch_sizes: tuple[int, ...] = (2, 4, 8), repeats
     opt = LayerwiseOptimizer(named, run)
     total = sum(p.numel() for p in model.parameters())
     opt_s = _median_time(lambda: [opt.step_layer(j, 0) for j in range(len(named))], repeats) / total
+    from suite.measure import LiveBytesTracker
+
+    big = max(range(len(named)), key=lambda j: sum(p.numel() for _, p in named[j]))
+    with LiveBytesTracker() as tr:
+        opt.step_layer(big, 1)
+    temp = tr.peak / sum(p.numel() for _, p in named[big])
     source = f"measured: cpu, {torch.get_num_threads()} thread(s)"
-    return Profile(source, run.seq_len, layers, optimizer_s_per_param=opt_s)
+    return Profile(source, run.seq_len, layers, optimizer_s_per_param=opt_s, optimizer_temp_bytes_per_param=temp)
 
 
 def profile_key(run, micro_batch_sizes, threads) -> str:
     """Cache key: the model, sequence, optimizer and the measuring setup (not the batch shape)."""
     what = {"model": dataclasses.asdict(run.model.resolved()), "seq_len": run.seq_len, "optimizer": run.optimizer,
             "sizes": list(micro_batch_sizes), "threads": threads, "torch": torch.__version__,
-            "host": os.uname().nodename, "version": 1}
+            "host": os.uname().nodename, "version": 2}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -252,7 +260,9 @@ def analytic_profile(layers: int, hidden: int, heads: int, seq_len: int, vocab: 
                                                            for i in range(layers)], head],
                    weight_bytes_per_param=byte, state_bytes_per_param=16 if mixed_precision else GRAD_AND_STATE_BYTES,
                    optimizer_s_per_param=spec.optimizer_s_per_param, p2p=spec.intra, all_reduce=spec.intra,
-                   memory=spec.memory)
+                   memory=spec.memory,
+                   # The paper's Megatron-based code: fused Adam and bucketed all-reduce, no whole-stage transients.
+                   optimizer_temp_bytes_per_param=0.0, all_reduce_buffer_bytes_per_param=0.0)
 
 
 # Links calibrated by the last `planned` cell on this machine; without them the planner assumes these.

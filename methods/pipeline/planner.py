@@ -75,9 +75,14 @@ def stage_costs(profile: Profile, stages: list[range], b: int, w: int, recompute
     return out
 
 
-def stage_memory(profile: Profile, stages: list[range], method: str, b: int, m: int, recompute: bool) -> list[float]:
-    """Worst-case bytes per stage: weight versions + gradient + optimizer state, the activation stash of the
-    in-flight micro-batches (their inputs only under recompute, plus one micro-batch rebuilt), the transient peak."""
+def stage_memory(profile: Profile, stages: list[range], method: str, b: int, m: int, recompute: bool,
+                 w: int = 1) -> list[float]:
+    """Worst-case bytes per stage: weight versions + gradient + optimizer state, plus the larger of two phases.
+
+    Compute: the activation stash of the in-flight micro-batches (their inputs only under recompute, plus one
+    micro-batch rebuilt) and the backward's transient. Update: the flat gradient buffer of the replicas'
+    all-reduce (w > 1) and one layer's optimizer temporaries, beside the stash 2BW still holds (it updates
+    with d - s - 1 micro-batches in flight; flush schedules update with an empty pipeline)."""
     sched = SCHEDULES[method]
     d = len(stages)
     versions = 1 if sched == "mp" else version_bound(sched)
@@ -89,9 +94,13 @@ def stage_memory(profile: Profile, stages: list[range], method: str, b: int, m: 
         inflight = 1 if sched == "mp" else min(stash_bound(sched, d, m, 1, s), m)
         inp = profile.layers[r.start - 1].out_bytes * b if r.start else 0.0
         full = sum(c.keep_bytes for c in layers) * b
-        stash = inflight * inp + (full if recompute else inflight * full)
+        per_mb = inp + (0.0 if recompute else full)
+        stash = inflight * per_mb + (full if recompute else 0.0)
         work = max(c.work_bytes for c in layers) * b
-        out.append(static + stash + work)
+        held = (inflight - 1) * per_mb if sched == "2bw" else 0.0
+        update = held + (profile.all_reduce_buffer_bytes_per_param * params if w > 1 else 0.0) + \
+            profile.optimizer_temp_bytes_per_param * max(c.params for c in layers)
+        out.append(static + max(stash + work, update))
     return out
 
 
@@ -125,7 +134,7 @@ def predict(profile: Profile, method: str, d: int, w: int, b: int, m: int, recom
     stages = stages_of(profile, d)
     costs = stage_costs(profile, stages, b, w, recompute)
     t, bubble = step_time(method, costs, m)
-    mem = stage_memory(profile, stages, method, b, m, recompute)
+    mem = stage_memory(profile, stages, method, b, m, recompute, w)
     cap = memory_cap if memory_cap is not None else profile.memory
     return Prediction(method, w, d, b, m, recompute, t, mem, bubble, stages, cap)
 

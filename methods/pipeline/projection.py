@@ -72,7 +72,7 @@ def max_layers(make_profile, method: str, d: int, w: int, b: int, m: int, recomp
     Memory grows with the block count, so a doubling then a bisection finds it."""
     def fits(n):  # memory only: the time simulation is what costs at d=64
         prof = make_profile(n)
-        return max(stage_memory(prof, stages_of(prof, d), method, b, m, recompute)) <= cap
+        return max(stage_memory(prof, stages_of(prof, d), method, b, m, recompute, w)) <= cap
 
     lo = max(d - 2, 1)
     if not fits(lo):

@@ -32,7 +32,7 @@ def test_step_times_match_the_closed_forms(d, m):
 
 
 def test_recompute_adds_a_forward_and_keeps_only_inputs():
-    prof = uniform()
+    prof = uniform(keep=5000.0)
     off = planner.predict(prof, "pipedream-flush", 2, 1, 1, 4, recompute=False)
     on = planner.predict(prof, "pipedream-flush", 2, 1, 1, 4, recompute=True)
     assert on.step_time == pytest.approx(off.step_time * 4 / 3)  # backward 2 -> 2 + 1
@@ -50,6 +50,16 @@ def test_memory_ordering_is_the_papers():
     per_stage = 2 * 1000 * (4 + 12)  # two blocks: one FP32 version + gradient + two moments
     assert mem["pipedream-2bw"][0] - mem["pipedream-flush"][0] == pytest.approx(2 * 1000 * 4)
     assert mem["mp"][1] == pytest.approx(per_stage + 10 + 2 * 5000)  # one input + one micro-batch's activations
+
+
+def test_update_phase_counts_the_all_reduce_buffer_and_optimizer_temporaries():
+    """With little activation memory the peak is the update: flat gradients for the replicas' all-reduce
+    (w > 1) and one layer's optimizer temporaries; 2BW updates beside its d - s - 1 stashed micro-batches."""
+    prof = uniform(keep=1.0, out=1.0)
+    one = planner.predict(prof, "pipedream-flush", 2, 1, 1, 4, recompute=False).stage_memory[0]
+    two = planner.predict(prof, "pipedream-flush", 2, 2, 1, 4, recompute=False).stage_memory[0]
+    assert two - one == pytest.approx(4 * 4 * 1000)  # four blocks' FP32 gradients, flattened
+    assert one == pytest.approx(4 * 1000 * (4 + 12) + 8 * 1000)
 
 
 def test_links_cost_sends_and_all_reduce():
