@@ -133,9 +133,14 @@ class Stage:
         """Optimizer step number `step` (0-indexed) on every layer of the stage; gradients dropped.
         2BW: the latest version becomes the shadow and the one before it is discarded."""
         if self.double_buffered:
-            self.weights.pop(self.version - 1, None)  # no later micro-batch uses it (paper §3.1)
-            for p in self.params:
-                p.data = p.data.clone()  # the shadow keeps the old storage; step the new one
+            dead = self.weights.pop(self.version - 1, None)  # no later micro-batch uses it (paper §3.1)
+            for j, p in enumerate(self.params):
+                # The shadow keeps the latest storage; the new version is stepped in the dead version's
+                # buffer, so a stage allocates its second weight buffer once (at the first update), never again.
+                if dead is None:
+                    p.data = p.data.clone()
+                else:
+                    p.data = dead[j].data.copy_(p.data)
         for j in range(len(self.named)):
             self.opt.step_layer(j, step)
         self.zero_grad()

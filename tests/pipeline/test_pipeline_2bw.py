@@ -139,6 +139,21 @@ def test_stages_hold_two_versions_and_the_shadow_is_a_separate_copy():
         subject.gradients(next(batches))
 
 
+def test_two_weight_buffers_are_allocated_once_and_alternate():
+    """After the first update a stage steps each new version in the dead version's buffer: the same two
+    storages per parameter for the whole run (no allocation per update, as a double buffer should be)."""
+    run = _run(stages=2).validate()
+    subject = build_method(run)
+    batches = synthetic_batches(run)
+    seen = []
+    for _ in range(5):
+        subject.step(next(batches))
+        seen.append({v: ts[0].data_ptr() for v, ts in subject.stages[0].weights.items()})
+    buffers = {ptr for versions in seen[1:] for ptr in versions.values()}
+    assert len(buffers) == 2, seen
+    assert all(len(v) == 2 for v in seen[1:])
+
+
 def test_clip_grad_norm_is_applied_under_weight_stashing():
     clipped = dataclasses.replace(_run(stages=2), clip_grad_norm=0.05)
     result = check(clipped, "2bw-reference", steps=3)
