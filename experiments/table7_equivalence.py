@@ -29,7 +29,16 @@ def compare(results_dir: Path, ref: dict, other: dict) -> dict:
     by_step = {p["step"]: p for p in b.get("curve", [])}
     along = [abs(p[k] - by_step[p["step"]][k]) for p in a.get("curve", []) if p["step"] in by_step
              for k in keys if _finite(p[k], by_step[p["step"]][k])]
-    out = {"dev_final": final, "dev_curve": max(along, default=math.nan),
+    # Training loss along the curve: how long the two runs agree, to tell rounding amplified over many steps
+    # (agreement first, then a smooth growth) from a different computation (a gap from the first steps).
+    losses = [(p["step"], p["train_loss"], by_step[p["step"]]["train_loss"]) for p in a.get("curve", [])
+              if p["step"] in by_step and _finite(p.get("train_loss"), by_step[p["step"]].get("train_loss"))]
+    rel = [(step, abs(x - y) / max(abs(x), 1e-12)) for step, x, y in losses]
+    agree = [step for step, r in rel]
+    first_off = next((i for i, (_, r) in enumerate(rel) if r > LOSS_AGREE), len(rel))
+    out = {"loss_agree_until": agree[first_off - 1] if first_off else None, "loss_steps": agree[-1] if agree else None,
+           "loss_rel_last": rel[-1][1] if rel else None,
+           "dev_final": final, "dev_curve": max(along, default=math.nan),
            "same_digest": a.get("final_weights_digest") == b.get("final_weights_digest"),
            "weight_abs": None, "weight_rel": None, "weight_rel_name": None}
     wa, wb = _weights(results_dir, ref), _weights(results_dir, other)
@@ -40,6 +49,9 @@ def compare(results_dir: Path, ref: dict, other: dict) -> dict:
         name = max(gated, key=lambda k: relative_error(wb[k], wa[k]))
         out["weight_rel"], out["weight_rel_name"] = relative_error(wb[name], wa[name]), name
     return out
+
+
+LOSS_AGREE = 1e-5  # relative difference of the mean training loss between evaluations
 
 
 def _gradient_free(family: str, names) -> set[str]:
@@ -72,7 +84,11 @@ def write(exp, results_dir: Path) -> list[Path]:
              "differences are in points of the task's metrics (largest over them); weights: largest absolute "
              "element difference, and the largest norm-wise relative difference of one tensor (leaving out "
              "attention key biases, whose gradient is zero in exact arithmetic so their values are rounding "
-             "noise).", ""]
+             "noise). `train loss within 1e-5 through step` is the last evaluation up to which the mean training "
+             "losses between evaluations agree to 1e-5 (relative), and their relative difference at the end: runs "
+             "that agree first and then drift smoothly apart show rounding amplified by training (the baseline sums "
+             "micro-batches of 16 where L2L runs one of 32, so the last bits differ from the first step); a "
+             "different computation would differ from the first evaluation.", ""]
     found = False
     for title, cells, records in results.sections(exp, Path(results_dir)):
         by_name = {c.row.name: (c, r) for c, r in zip(cells, records)}
@@ -86,12 +102,17 @@ def write(exp, results_dir: Path) -> list[Path]:
                 d = compare(results_dir, ref, other)
                 weights = ("not on disk | not on disk" if d["weight_abs"] is None else
                            f"{_fmt(d['weight_abs'])} | {_fmt(d['weight_rel'])} (`{d['weight_rel_name']}`)")
+                loss = ("—" if d["loss_steps"] is None else
+                        f"{_fmt(d['loss_agree_until'], 'd') if d['loss_agree_until'] is not None else 'none'} of "
+                        f"{d['loss_steps']} (last: {_fmt(d['loss_rel_last'], '.1e')})")
                 table.append(f"| {task.upper()} | {other_v} vs {ref_v} | {_fmt(d['dev_final'])} | "
-                             f"{_fmt(d['dev_curve'])} | {weights} | {'yes' if d['same_digest'] else 'no'} | {bound} |")
+                             f"{_fmt(d['dev_curve'])} | {loss} | {weights} | {'yes' if d['same_digest'] else 'no'} | "
+                             f"{bound} |")
         if table:
             found = True
-            lines += [f"## {title}", "", "| task | pair | dev final | dev along curve | weights abs | weights rel "
-                      "(tensor) | bitwise equal | bound |", "|---|---|---|---|---|---|---|---|", *table, ""]
+            lines += [f"## {title}", "", "| task | pair | dev final | dev along curve | train loss within 1e-5 "
+                      "through step | weights abs | weights rel (tensor) | bitwise equal | bound |",
+                      "|---|---|---|---|---|---|---|---|---|", *table, ""]
     if not found:
         lines += ["No task has both rows of a pair finished yet.", ""]
     out = Path(results_dir) / f"{exp.name}_equivalence.md"

@@ -78,3 +78,17 @@ def test_equivalence_reports_the_largest_differences(tmp_path):
     # the key bias (zero gradient, pure rounding) is not the worst relative tensor despite its 200% change
     assert d["weight_rel_name"] == "classifier.weight" and d["weight_rel"] == pytest.approx(2 ** -18 / 3, rel=1e-6)
     json.dumps(d)  # the report's numbers are plain values
+    assert d["loss_steps"] is None  # these curves carry no training loss
+
+
+def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
+    w = {"classifier.weight": torch.tensor([1.0])}
+    curve_a = [{"step": s, "accuracy": 50.0, "train_loss": loss} for s, loss in ((0, None), (4, 0.7), (8, 0.6), (12, 0.5))]
+    drift = {4: 0.7 * (1 + 1e-8), 8: 0.6 * (1 + 1e-3), 12: 0.5 * (1 + 1e-1)}
+    curve_b = [{**p, "train_loss": drift.get(p["step"])} for p in curve_a]
+    d = table7_equivalence.compare(tmp_path, _record(tmp_path, "a", w, curve_a), _record(tmp_path, "b", w, curve_b))
+    assert d["loss_agree_until"] == 4 and d["loss_steps"] == 12 and d["loss_rel_last"] == pytest.approx(0.1)
+    first = {4: 0.7 * 1.01}
+    curve_c = [{**p, "train_loss": first.get(p["step"], p["train_loss"])} for p in curve_a]
+    d = table7_equivalence.compare(tmp_path, _record(tmp_path, "a", w, curve_a), _record(tmp_path, "c", w, curve_c))
+    assert d["loss_agree_until"] is None  # differs from the first evaluation on
