@@ -58,6 +58,9 @@ class Profile:
     optimizer_s_per_param: float = 0.0
     optimizer_temp_bytes_per_param: float = 8.0  # transient of one layer's optimizer step (LAMB: two FP32 temporaries)
     all_reduce_buffer_bytes_per_param: float = 4.0  # ours flattens a stage's FP32 gradients for the replicas' all-reduce
+    # gloo's isend reports completion only when waited on, so our executor holds each step's sent tensors until
+    # the step ends (NCCL sends are waited at once): m boundary tensors per direction a stage sends.
+    holds_sends: bool = True
     p2p: Link = field(default_factory=Link)
     all_reduce: Link = field(default_factory=Link)
     memory: float | None = None       # bytes per device, when the source states one
@@ -183,7 +186,7 @@ def profile_key(run, micro_batch_sizes, threads) -> str:
     """Cache key: the model, sequence, optimizer and the measuring setup (not the batch shape)."""
     what = {"model": dataclasses.asdict(run.model.resolved()), "seq_len": run.seq_len, "optimizer": run.optimizer,
             "sizes": list(micro_batch_sizes), "threads": threads, "torch": torch.__version__,
-            "host": os.uname().nodename, "version": 2}
+            "host": os.uname().nodename, "version": 3}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -262,7 +265,7 @@ def analytic_profile(layers: int, hidden: int, heads: int, seq_len: int, vocab: 
                    optimizer_s_per_param=spec.optimizer_s_per_param, p2p=spec.intra, all_reduce=spec.intra,
                    memory=spec.memory,
                    # The paper's Megatron-based code: fused Adam and bucketed all-reduce, no whole-stage transients.
-                   optimizer_temp_bytes_per_param=0.0, all_reduce_buffer_bytes_per_param=0.0)
+                   optimizer_temp_bytes_per_param=0.0, all_reduce_buffer_bytes_per_param=0.0, holds_sends=False)
 
 
 # Links calibrated by the last `planned` cell on this machine; without them the planner assumes these.

@@ -97,6 +97,9 @@ def stage_memory(profile: Profile, stages: list[range], method: str, b: int, m: 
         per_mb = inp + (0.0 if recompute else full)
         stash = inflight * per_mb + (full if recompute else 0.0)
         work = max(c.work_bytes for c in layers) * b
+        if profile.holds_sends and sched != "mp":  # sent activations (not last stage) and gradients (not first)
+            boundary_out = layers[-1].out_bytes * b if s < d - 1 else 0.0
+            work += m * (boundary_out + inp)
         held = (inflight - 1) * per_mb if sched == "2bw" else 0.0
         update = held + (profile.all_reduce_buffer_bytes_per_param * params if w > 1 else 0.0) + \
             profile.optimizer_temp_bytes_per_param * max(c.params for c in layers)
