@@ -107,7 +107,8 @@ def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, s
                 f"memory: {(rec.get('metrics') or {}).get('memory_kind', '—')}, finished {rec.get('finished', '?')}, "
                 f"run `{rec.get('key')}`")
         if rec["status"] not in ("ok",) and rec.get("error"):
-            desc += f" — {rec['error'].splitlines()[0][:200]}"
+            lines = [x.strip() for x in rec["error"].strip().splitlines() if x.strip()]
+            desc += f" — {lines[-1][:200]}"  # the exception's own line, not the traceback's first
         md.append(desc)
     return "\n".join(md) + "\n", buf.getvalue()
 
