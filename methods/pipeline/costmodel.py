@@ -77,13 +77,51 @@ class Profile:
         return Profile(**d)
 
 
-def _median_time(fn, repeats: int) -> float:
+def _median_time(fn, repeats: int, device: torch.device = torch.device("cpu")) -> float:
+    from suite.device import synchronize
+
     times = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+class _CudaBytes:
+    """The live-bytes tracker's interface (live, peak) over the CUDA allocator's counters, relative to entry."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @property
+    def live(self) -> int:
+        return torch.cuda.memory_allocated(self.device) - self.base
+
+    @property
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device) - self.base
+
+    @peak.setter
+    def peak(self, _value) -> None:  # the tracker's "peak from here": restart the allocator's peak
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def _bytes_tracker(device: torch.device):
+    from suite.measure import LiveBytesTracker
+
+    return _CudaBytes(device) if device.type == "cuda" else LiveBytesTracker()
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -98,10 +136,9 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return mv - slope * mb, slope
 
 
-def _layer_pass(model, ctx, repeats: int):
-    """Per layer: median forward and backward seconds, kept/output/transient bytes (live-bytes tracker)."""
-    from suite.measure import LiveBytesTracker
-
+def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("cpu")):
+    """Per layer: median forward and backward seconds, kept/output/transient bytes (live-bytes tracker on
+    CPU, the allocator's counters on CUDA)."""
     n = model.num_layers
     fwd, bwd = [0.0] * n, [0.0] * n
     keep, out_b, work = [0] * n, [0] * n, [0] * n
@@ -118,17 +155,17 @@ def _layer_pass(model, ctx, repeats: int):
         def forward():
             return model.forward_layer(i, inp(), ctx)
 
-        fwd[i] = _median_time(forward, repeats)
+        fwd[i] = _median_time(forward, repeats, device)
         grad_out = None if i == n - 1 else torch.ones_like(xs[i + 1])
 
         def both():
             y = forward()
             torch.autograd.backward(y, grad_out)
 
-        bwd[i] = max(_median_time(both, repeats) - fwd[i], 0.0)
+        bwd[i] = max(_median_time(both, repeats, device) - fwd[i], 0.0)
         model.zero_grad(set_to_none=False)  # gradients exist: the tracked pass books activations only
         x_in = inp()
-        with LiveBytesTracker() as tr:
+        with _bytes_tracker(device) as tr:
             y = model.forward_layer(i, x_in, ctx)
             keep[i] = tr.live
             out_b[i] = y.numel() * y.element_size() if i < n - 1 else 0
@@ -142,21 +179,23 @@ def _layer_pass(model, ctx, repeats: int):
 
 
 def measure_profile(run, micro_batch_sizes: tuple[int, ...] = (2, 4, 8), repeats: int = 5,
-                    threads: int | None = None) -> Profile:
-    """Time and track every layer of `run`'s model on the CPU at each micro-batch size; fit lines in b."""
+                    threads: int | None = None, device: torch.device | None = None) -> Profile:
+    """Time and track every layer of `run`'s model on `device` (default CPU) at each micro-batch size; fit lines in b."""
     from suite.data import synthetic_batch
+    from suite.provenance import device_info
     from suite.model import build_model
     from suite.optim import LayerwiseOptimizer
 
+    device = torch.device("cpu") if device is None else device
     if threads:
         torch.set_num_threads(threads)
-    model = build_model(run.model, run.seed)
+    model = build_model(run.model, run.seed).to(device)
     per_b = {}
     for b in micro_batch_sizes:
-        mb = synthetic_batch(0, b, run.seq_len, run.model.vocab_size, run.model.num_labels, run.seed)
+        mb = synthetic_batch(0, b, run.seq_len, run.model.vocab_size, run.model.num_labels, run.seed).to(device)
         ctx = model.begin(mb, run.seed, 0, b)
-        _layer_pass(model, ctx, 1)  # warm-up: first calls pay for allocations and kernel selection
-        per_b[b] = _layer_pass(model, ctx, repeats)
+        _layer_pass(model, ctx, 1, device)  # warm-up: first calls pay for allocations and kernel selection
+        per_b[b] = _layer_pass(model, ctx, repeats, device)
     layers = []
     for i in range(model.num_layers):
         params = sum(p.numel() for _, p in model.layer_named_parameters(i))
@@ -171,32 +210,34 @@ def measure_profile(run, micro_batch_sizes: tuple[int, ...] = (2, 4, 8), repeats
     named = [model.layer_named_parameters(i) for i in range(model.num_layers)]
     opt = LayerwiseOptimizer(named, run)
     total = sum(p.numel() for p in model.parameters())
-    opt_s = _median_time(lambda: [opt.step_layer(j, 0) for j in range(len(named))], repeats) / total
-    from suite.measure import LiveBytesTracker
-
+    opt_s = _median_time(lambda: [opt.step_layer(j, 0) for j in range(len(named))], repeats, device) / total
     big = max(range(len(named)), key=lambda j: sum(p.numel() for _, p in named[j]))
-    with LiveBytesTracker() as tr:
+    with _bytes_tracker(device) as tr:
         opt.step_layer(big, 1)
     temp = tr.peak / sum(p.numel() for _, p in named[big])
-    source = f"measured: cpu, {torch.get_num_threads()} thread(s)"
-    return Profile(source, run.seq_len, layers, optimizer_s_per_param=opt_s, optimizer_temp_bytes_per_param=temp)
+    where = device_info(device).get("device", device.type) if device.type == "cuda" else "cpu"
+    source = f"measured: {where}, {torch.get_num_threads()} thread(s)"
+    # NCCL sends are waited at once; gloo's are held to the step's end (see Profile.holds_sends).
+    return Profile(source, run.seq_len, layers, optimizer_s_per_param=opt_s, optimizer_temp_bytes_per_param=temp,
+                   holds_sends=device.type != "cuda")
 
 
-def profile_key(run, micro_batch_sizes, threads) -> str:
+def profile_key(run, micro_batch_sizes, threads, device: torch.device | None = None) -> str:
     """Cache key: the model, sequence, optimizer and the measuring setup (not the batch shape)."""
     what = {"model": dataclasses.asdict(run.model.resolved()), "seq_len": run.seq_len, "optimizer": run.optimizer,
             "sizes": list(micro_batch_sizes), "threads": threads, "torch": torch.__version__,
-            "host": os.uname().nodename, "version": 3}
+            "host": os.uname().nodename, "version": 3, "device": None if device is None else str(device.type)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cached_profile(run, cache_dir: Path, micro_batch_sizes=(2, 4, 8), threads: int | None = None,
-                   refresh: bool = False) -> Profile:
-    """measure_profile, cached per model and machine as JSON under `cache_dir` (profiles cost seconds to minutes)."""
-    path = Path(cache_dir) / f"{profile_key(run, micro_batch_sizes, threads)}.json"
+                   refresh: bool = False, device: torch.device | None = None) -> Profile:
+    """measure_profile, cached per model, machine and device as JSON under `cache_dir` (seconds to minutes)."""
+    key = profile_key(run, micro_batch_sizes, threads, device if device is not None and device.type == "cuda" else None)
+    path = Path(cache_dir) / f"{key}.json"
     if path.exists() and not refresh:
         return Profile.from_dict(json.loads(path.read_text()))
-    prof = measure_profile(run, tuple(micro_batch_sizes), threads=threads)
+    prof = measure_profile(run, tuple(micro_batch_sizes), threads=threads, device=device)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof.to_dict(), indent=1))
     return prof

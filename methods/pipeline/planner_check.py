@@ -23,13 +23,15 @@ def _fit_link(samples: list[tuple[int, float]]) -> Link:
     return Link(latency=max(t0 - n0 / bw, 0.0), bandwidth=bw)
 
 
-def calibrate_p2p(sizes=(256, 1 << 20), repeats: int = 20) -> Link | None:
+def calibrate_p2p(sizes=(256, 1 << 20), repeats: int = 20, device: torch.device = torch.device("cpu")) -> Link | None:
     """Ping-pong between ranks 0 and 1 (others idle): one-way seconds at each size. Collective."""
+    from suite.device import synchronize
+
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     rank, samples = dist.get_rank(), []
     for n in sizes:
-        buf = torch.zeros(n // 4)
+        buf = torch.zeros(n // 4, device=device)
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(repeats):
@@ -39,24 +41,30 @@ def calibrate_p2p(sizes=(256, 1 << 20), repeats: int = 20) -> Link | None:
             elif rank == 1:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
+        synchronize(device)
         samples.append((n, (time.perf_counter() - t0) / (2 * repeats)))
     dist.barrier()
     return _fit_link(samples)
 
 
-def calibrate_all_reduce(sizes=(256, 1 << 20), repeats: int = 10) -> Link | None:
+def calibrate_all_reduce(sizes=(256, 1 << 20), repeats: int = 10,
+                         device: torch.device = torch.device("cpu")) -> Link | None:
     """All-reduce over every rank: seconds at each size, fitted as latency + bytes/bandwidth on the ring
     volume 2(n-1)/n of the tensor, the same volume the planner charges. Collective."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
+    from suite.device import synchronize
+
     world, samples = dist.get_world_size(), []
     for n in sizes:
-        buf = torch.zeros(n // 4)
+        buf = torch.zeros(n // 4, device=device)
         dist.barrier()
         times = []
         for _ in range(repeats):
+            synchronize(device)
             t0 = time.perf_counter()
             dist.all_reduce(buf)
+            synchronize(device)
             times.append(time.perf_counter() - t0)
         samples.append((2 * (world - 1) / world * n, statistics.median(times)))
     dist.barrier()
@@ -74,14 +82,14 @@ def planned_cell(run, device, cap) -> dict:
     if not issubclass(cls, PipelineMethod):
         raise ValueError(f"method {run.method!r} is not a pipeline; the planner predicts pipeline methods")
     measured = throughput_cell(run, device, cap)
-    p2p, ring = calibrate_p2p(), calibrate_all_reduce()
+    p2p, ring = calibrate_p2p(device=device), calibrate_all_reduce(device=device)
     if dist.is_initialized() and dist.get_rank() != 0:
         return measured  # rank 0 writes the record
     o = cls.resolved_options(run)
     d, w = o["stages"], o["width"]
     threads = torch.get_num_threads()
     cache = Path(RESULTS_DIR) / ".cache" / "profiles"
-    prof = cached_profile(run, cache, threads=threads)
+    prof = cached_profile(run, cache, threads=threads, device=device)
     save_links(cache, p2p, ring)  # `suite plan` on this machine reuses them
     prof.p2p, prof.all_reduce = p2p or Link(), ring or Link()
     pred = predict(prof, run.method, d, w, run.micro_batch_size, run.num_micro_batches // w, o["recompute"])

@@ -33,3 +33,16 @@ def test_dist_executor_on_nccl(method, stages, width):
     proc = torchrun(stages * width, "methods.pipeline.dist_check", args, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert re.search(r"PASS: largest", proc.stdout) and "): equal" in proc.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_planner_profiles_layers_on_the_gpu():
+    """The per-layer profile on CUDA: allocator counters for bytes, synchronized timings, NCCL-style sends."""
+    from methods.pipeline.costmodel import measure_profile
+
+    run = RunConfig(model=MODEL, seq_len=16).validate()
+    prof = measure_profile(run, micro_batch_sizes=(1, 2), repeats=2, device=torch.device("cuda"))
+    blocks = prof.layers[1:-1]
+    assert len(blocks) == 2 and all(c.keep_bytes > c.out_bytes > 0 for c in blocks)
+    assert blocks[0].out_bytes == pytest.approx(16 * 32 * 4)
+    assert not prof.holds_sends and "measured: " in prof.source and "cpu" not in prof.source
