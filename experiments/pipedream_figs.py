@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from methods.pipeline import projection  # noqa: F401  registers the `projected` cell kind in the cell process
-from suite.experiment import Experiment, Row, resolve_profile
+from suite.experiment import Experiment, Row
 
 # The paper's GPT models as (blocks, hidden, heads): our assumption, chosen to match the parameter counts
 # with untied input and output embeddings (vocab 51200, sequence 512): 1.42B (GPT-3 XL's shape, 1.3B with
@@ -46,15 +46,11 @@ class FigureExperiment(Experiment):
     The projection goes in after validation, as table7's task does: `apply_overrides` takes only the method's
     declared options."""
 
-    def cells(self, profile, only=None, overrides=None, device_memory=None):
-        profile = resolve_profile(profile)
-        out = []
-        for cell in super().cells(profile, only, overrides, device_memory):
-            if isinstance(cell.row, ProjectedRow):
-                run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
-                cell = dataclasses.replace(cell, run=run, kind="projected", timeout=120.0)
-            out.append(cell)
-        return out
+    def adapt(self, cell, profile):
+        if not isinstance(cell.row, ProjectedRow):
+            return cell
+        run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
+        return dataclasses.replace(cell, run=run, kind="projected", timeout=120.0)
 
 
 def base(profile: str) -> dict:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from experiments.table7 import data_dir
 from suite import pretrain  # noqa: F401  registers the `pretrain` cell kind in the cell process
-from suite.experiment import Experiment, Metric, Row, resolve_profile
+from suite.experiment import Experiment, Metric, Row
 
 # The paper's Table 1 (355M-parameter BERT, fine-tuned on MNLI and RACE) and its GPT test perplexities.
 PAPER = {
@@ -39,11 +39,9 @@ class PretrainExperiment(Experiment):
 
     options: Callable[[str], dict[str, Any]] = dict
 
-    def cells(self, profile, only=None, overrides=None, device_memory=None):
-        profile = resolve_profile(profile)
-        return [dataclasses.replace(cell, run=dataclasses.replace(
-                    cell.run, options={**self.options(profile), **cell.run.options}))
-                for cell in super().cells(profile, only, overrides, device_memory)]
+    def adapt(self, cell, profile):
+        options = {**self.options(profile), **cell.run.options}
+        return dataclasses.replace(cell, run=dataclasses.replace(cell.run, options=options))
 
 
 def options(profile: str) -> dict[str, Any]:

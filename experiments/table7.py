@@ -10,7 +10,7 @@ import torch
 
 from experiments import figure4, table7_equivalence
 from suite import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
-from suite.experiment import Experiment, Metric, Row, resolve_profile
+from suite.experiment import Experiment, Metric, Row
 from suite.glue import TASKS
 from suite.provenance import ROOT
 
@@ -47,11 +47,9 @@ class FinetuneExperiment(Experiment):
 
     options: Callable[[str], dict[str, Any]] = dict
 
-    def cells(self, profile, only=None, overrides=None, device_memory=None):
-        profile = resolve_profile(profile)
-        return [dataclasses.replace(cell, run=dataclasses.replace(
-                    cell.run, options={**self.options(profile), "task": cell.row.task, **cell.run.options}))
-                for cell in super().cells(profile, only, overrides, device_memory)]
+    def adapt(self, cell, profile):
+        options = {**self.options(profile), "task": cell.row.task, **cell.run.options}
+        return dataclasses.replace(cell, run=dataclasses.replace(cell.run, options=options))
 
 
 def data_dir(profile: str) -> str | None:

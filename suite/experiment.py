@@ -118,8 +118,14 @@ class Experiment:
                 run.device_memory = device_memory
             if run.device == "auto":  # resolve here so a CPU and a GPU result never share a cache key
                 run.device = "cuda" if torch.cuda.is_available() else "cpu"
-            cells.append(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)))
+            cells.append(self.adapt(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)),
+                                    profile))
         return cells
+
+    def adapt(self, cell: Cell, profile: str) -> Cell:
+        """Hook for what a cell needs beyond its validated run: options no method declares (a GLUE task, a
+        pre-training corpus, a projection), which `apply_overrides` would refuse, or another cell kind."""
+        return cell
 
 
 class _Raw:
