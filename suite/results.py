@@ -92,7 +92,9 @@ def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, s
         cells_txt = [(_fmt(f, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else
                       ("—" if v is None else str(v))) for f, v in zip(fmts, r)]
         md.append("| " + " | ".join(cells_txt) + " |")
-    md += ["", f"Ratios are to the `{exp.baseline}` row, ours and the paper's, each within one run.", ""]
+    md += [""]
+    if any(m.ratio for m in exp.metrics):
+        md += [f"Ratios are to the `{exp.baseline}` row, ours and the paper's, each within one run.", ""]
     if exp.notes:
         md += [f"Notes: {exp.notes}", ""]
     md += ["Provenance:", ""]
