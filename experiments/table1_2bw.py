@@ -152,6 +152,6 @@ EXPERIMENT = PretrainExperiment(
            "schedule window. Evaluations drain 2BW's pipeline (its weights are read), which keeps the semantics "
            "exact (checked against 2bw-reference with reads mid-run). At tiny, lr 1e-3 with 60 warm-up steps is far "
            "more aggressive than the paper's 1e-4 at 355M, and the one-step delay shows: BERT's curves overlap, "
-           "GPT-2's 2BW validation loss trails vanilla's. samples/s were measured on 2 shared CPU cores with other "
-           "jobs running. `paper` needs 8 GPUs and runs 20,000 steps, far fewer than the paper's pre-training."),
+           "GPT-2's 2BW validation loss trails vanilla's. samples/s is the wall-clock rate of the two ranks sharing "
+           "2 CPU cores, evaluations and fine-tuning excluded: compare rows, not machines. `paper` needs 8 GPUs and runs 20,000 steps, far fewer than the paper's pre-training."),
 )
