@@ -31,15 +31,10 @@ def rows(profile: str):
 
 
 def figure(exp, results_dir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cells, records = pf.latest_section(exp, results_dir)
-    if not cells:
+    drawn = pf.panels(exp, results_dir, 2, (11, 4))
+    if drawn is None:
         return []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
+    cells, records, fig, axes = drawn
     for ax, src in zip(axes[0], ("measured", "projected")):
         for cfg in dict.fromkeys(c.row.labels["config"] for c in cells if c.row.labels["source"] == src):
             pts = [(c.row.labels["batch"], r["metrics"]["throughput"]) for c, r in zip(cells, records)

@@ -77,15 +77,10 @@ def rows(profile: str):
 
 
 def figure(exp, results_dir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cells, records = pf.latest_section(exp, results_dir)
-    if not cells:
+    drawn = pf.panels(exp, results_dir, 2, (11, 4))
+    if drawn is None:
         return []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
+    cells, records, fig, axes = drawn
     ax = axes[0][0]
     pts = [(c.row.labels["d"], r["metrics"]["max_params_billion"]) for c, r in zip(cells, records)
            if c.row.labels["source"] == "projected" and r and r["status"] == "ok"]

@@ -101,20 +101,31 @@ def latest_section(exp, results_dir: Path):
     return (secs[0][1], secs[0][2]) if secs else ([], [])
 
 
-def grouped_bars(exp, results_dir: Path, key: str, ylabel: str, groups=("model", "batch"), relative_to=None,
-                 cap_gb: dict | None = None, paper: str = "") -> list[Path]:
-    """Bars of `key` per system, grouped by `groups` labels, one panel per source; OOM bars marked; each bar
-    annotated with its ratio to the group's `relative_to` system; the paper's claims under the title."""
+def panels(exp, results_dir: Path, ncols: int, size: tuple[float, float]):
+    """(cells, records, fig, axes) of the newest section with records, a headless figure of `ncols` panels;
+    None when there is nothing to draw."""
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # headless; never opens a window
     import matplotlib.pyplot as plt
 
     cells, records = latest_section(exp, results_dir)
     if not cells:
-        return []
+        return None
+    fig, axes = plt.subplots(1, ncols, figsize=size, squeeze=False)
+    return cells, records, fig, axes
+
+
+def grouped_bars(exp, results_dir: Path, key: str, ylabel: str, groups=("model", "batch"), relative_to=None,
+                 cap_gb: dict | None = None, paper: str = "") -> list[Path]:
+    """Bars of `key` per system, grouped by `groups` labels, one panel per source; OOM bars marked; each bar
+    annotated with its ratio to the group's `relative_to` system; the paper's claims under the title."""
+    cells, _ = latest_section(exp, results_dir)
     sources = [s for s in ("measured", "projected") if any(c.row.labels.get("source") == s for c in cells)]
-    fig, axes = plt.subplots(1, len(sources), figsize=(7 * len(sources), 4.2), squeeze=False)
+    drawn = panels(exp, results_dir, len(sources), (7 * len(sources), 4.2)) if sources else None
+    if drawn is None:
+        return []
+    cells, records, fig, axes = drawn
     systems = list(SYSTEM.values())
     colors = dict(zip(systems, ("tab:red", "tab:blue", "tab:green", "tab:gray")))
     for ax, src in zip(axes[0], sources):

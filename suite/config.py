@@ -216,3 +216,16 @@ def _split_pair(text: str) -> tuple[str, str]:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     k, v = text.split("=", 1)
     return k.strip(), v.strip()
+
+
+def cell_options(cls, run: RunConfig, what: str):
+    """The dataclass `cls` filled from run.options, which may also hold the method's own options; any other
+    key is an error naming what `what` (e.g. "fine-tuning") accepts."""
+    from suite import registry
+
+    mine = {f.name for f in dataclasses.fields(cls)}
+    theirs = registry.get(run.method).options if registry.is_registered(run.method) else {}
+    unknown = sorted(k for k in run.options if k not in mine and k not in theirs)
+    if unknown:
+        raise ConfigError(f"unknown {what} option(s) {unknown}; accepted: {sorted(mine | set(theirs))}")
+    return cls(**{k: v for k, v in run.options.items() if k in mine})

@@ -16,7 +16,7 @@ from suite import metrics
 from suite.cell import cell_kind
 from suite.check import build_method
 from suite.checkpoint import BestCheckpoint, save_weights, weights_digest
-from suite.config import ConfigError, RunConfig
+from suite.config import ConfigError, RunConfig, cell_options
 from suite.data import MiniBatch
 from suite.device import autocast
 from suite.glue import GlueDataError, _expected, batches, get_task, load_split, tokenize
@@ -40,14 +40,7 @@ class FinetuneOptions:
 
     @staticmethod
     def from_run(run: RunConfig) -> "FinetuneOptions":
-        from suite import registry
-
-        mine = {f.name for f in dataclasses.fields(FinetuneOptions)}
-        theirs = registry.get(run.method).options if registry.is_registered(run.method) else {}
-        unknown = sorted(k for k in run.options if k not in mine and k not in theirs)
-        if unknown:
-            raise ConfigError(f"unknown fine-tuning option(s) {unknown}; accepted: {sorted(mine | set(theirs))}")
-        opts = FinetuneOptions(**{k: v for k, v in run.options.items() if k in mine})
+        opts = cell_options(FinetuneOptions, run, "fine-tuning")
         get_task(opts.task)
         if opts.epochs < 1 or opts.evals_per_epoch < 0 or not 0.0 <= opts.warmup_ratio < 1.0:
             raise ConfigError(f"need epochs >= 1, evals_per_epoch >= 0 and 0 <= warmup_ratio < 1, got {opts}")

@@ -12,7 +12,7 @@ import torch
 
 from suite.cell import cell_kind
 from suite.check import build_method
-from suite.config import ConfigError, RunConfig
+from suite.config import ConfigError, RunConfig, cell_options
 from suite.corpus import Corpus, build_corpus
 from suite.families import FAMILIES
 from suite.model import build_model
@@ -34,14 +34,7 @@ class PretrainOptions:
 
     @staticmethod
     def from_run(run: RunConfig) -> "PretrainOptions":
-        from suite import registry
-
-        mine = {f.name for f in dataclasses.fields(PretrainOptions)}
-        theirs = registry.get(run.method).options if registry.is_registered(run.method) else {}
-        unknown = sorted(k for k in run.options if k not in mine and k not in theirs)
-        if unknown:
-            raise ConfigError(f"unknown pre-training option(s) {unknown}; accepted: {sorted(mine | set(theirs))}")
-        opts = PretrainOptions(**{k: v for k, v in run.options.items() if k in mine})
+        opts = cell_options(PretrainOptions, run, "pre-training")
         if not opts.data_dir:
             raise ConfigError("pre-training needs data_dir: a folder of GLUE TSVs (--data-dir or SUITE_GLUE_DIR)")
         if opts.evals < 1 or not 0.0 < opts.snapshot_ratio <= 1.0 or opts.finetune_epochs < 1:
