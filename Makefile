@@ -9,15 +9,25 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list clean-venv
+.PHONY: setup lint format test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list clean-venv
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,metrics]'
+	$(PY) -m pip install -q -e '.[test,metrics,lint]'
 	touch $(STAMP)
+
+# ruff (lint and format) and import-linter (the layer contract in pyproject.toml); `make test` runs it first.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -30,7 +40,7 @@ test-cuda: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pytest -q --benchmark-only -m "not cuda"
-	$(PY) -m suite.overhead
+	$(PY) -m experiments.benchmarks.overhead
 
 list: $(STAMP)
 	$(PY) -m suite list
@@ -64,10 +74,10 @@ plan: $(STAMP)
 2bw-figs: 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9
 
 pipeline-timelines: $(STAMP)
-	$(PY) -m methods.pipeline.timelines
+	$(PY) -m experiments.pipeline_timelines
 
 pipeline-bench: $(STAMP)
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node=2 -m methods.pipeline.bench
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=2 -m experiments.benchmarks.pipeline_vs_torch
 
 clean-venv:
 	rm -rf $(VENV)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from baselines.grad_accum import GradAccum
-from suite.registry import register
+from suite.core.registry import register
 
 
 @register("amp")

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from suite.data import MiniBatch
-from suite.device import autocast
-from suite.loss_scale import DynamicLossScaler
-from suite.optim import LayerwiseOptimizer
-from suite.registry import Method, Option, StepStats, register
+from suite.harness.data import MiniBatch
+from suite.harness.device import autocast
+from suite.harness.loss_scale import DynamicLossScaler
+from suite.harness.optim import LayerwiseOptimizer
+from suite.core.registry import Method, Option, StepStats, register
 
 
 @register("grad_accum")

@@ -1,1 +1,1 @@
-"""Experiment definitions: one module per paper table or figure."""
+"""Experiment definitions: a module per paper table or figure (found by name by the catalogue); benchmarks/."""

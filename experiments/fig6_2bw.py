@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from experiments import pipedream_figs as pf
-from suite.experiment import Metric
+from suite.core.experiment import Metric
 
 METHODS = ("gpipe", "pipedream-flush", "pipedream-2bw")
 # The paper's claims (§5.2); it prints no absolute values for these bars in its text.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from experiments import pipedream_figs as pf
-from suite.experiment import Metric
+from suite.core.experiment import Metric
 
 MEASURED = ((2, 2), (2, 8))          # (d, b) on 2 ranks
 MEASURED_BATCHES = (16, 32, 64)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import dataclasses
 
 from experiments import pipedream_figs as pf
-from suite import registry
-from suite.config import RunConfig, apply_overrides
-from suite.experiment import Metric
+from suite.core import registry
+from suite.config.run import RunConfig, apply_overrides
+from suite.core.experiment import Metric
 
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)
 # Rule: GPT with hidden 4096 and 32 heads (sequence 512, vocab 51200) grows by whole blocks; 2BW with
@@ -44,7 +44,7 @@ def _profile_row(d: int, w: int, cap: str = TINY_CAP) -> pf.ProjectedRow:
 
 def predicted_max(profile: str, d: int, w: int) -> int:
     """The profile row's prediction, computed here too so the verifying runs know their block counts."""
-    from methods.pipeline.projection import project
+    from methods.pipeline.planner.projection import project
 
     row = _profile_row(d, w, CAPS[profile])
     cls = registry.get(row.method)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from suite import metrics
+from suite.tasks import metrics
 
 # Panel rows: which table rows share a panel, and how each is drawn.
 PANELS = (("FP32", (("baseline-fp32", "AG (FP32)", "C0", "-"), ("l2l-fp32", "L2L (FP32)", "C3", "--"))),
@@ -29,10 +29,10 @@ def draw(exp, results_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from suite import results
+    from suite.report import tables
 
     paths = []
-    for title, cells, records in results.sections(exp, Path(results_dir)):
+    for title, cells, records in tables.sections(exp, Path(results_dir)):
         curves = _curves(cells, records)
         tasks = [t for t in dict.fromkeys(c.row.task for c in cells) if t in curves]
         if not tasks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from suite.experiment import Row
+from suite.core.experiment import Row
 
 # Host bytes per parameter of the eager param server (methods/l2l/param_server.py): FP32 master,
 # FP32 gradient and two FP32 optimizer moments (LAMB and AdamW alike); under CMP also the 16-bit

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from methods.pipeline import projection  # noqa: F401  registers the `projected` cell kind in the cell process
-from suite.experiment import Experiment, Row
+import methods.pipeline.planner.projection  # noqa: F401  registers the `projected` cell kind in the cell process
+from suite.core.experiment import Experiment, Row
 
 # The paper's GPT models as (blocks, hidden, heads): our assumption, chosen to match the parameter counts
 # with untied input and output embeddings (vocab 51200, sequence 512): 1.42B (GPT-3 XL's shape, 1.3B with
@@ -94,10 +94,10 @@ def projected(name: str, system: str, model: str, d: int, w: int, batch: int, re
 
 
 def latest_section(exp, results_dir: Path):
-    """(cells, records) of the first section with records (the profile order of results.sections)."""
-    from suite import results
+    """(cells, records) of the first section with records (the profile order of tables.sections)."""
+    from suite.report import tables
 
-    secs = results.sections(exp, results_dir)
+    secs = tables.sections(exp, results_dir)
     return (secs[0][1], secs[0][2]) if secs else ([], [])
 
 

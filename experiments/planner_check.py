@@ -1,8 +1,8 @@
 """The 2BW planner's predicted throughput and memory against measured pipeline runs (issue: planner validation)."""
 from __future__ import annotations
 
-from methods.pipeline import planner_check  # noqa: F401  registers the `planned` cell kind in the cell process
-from suite.experiment import Experiment, Metric, Row
+import methods.pipeline.planner.check  # noqa: F401  registers the `planned` cell kind in the cell process
+from suite.core.experiment import Experiment, Metric, Row
 
 # (row, method, stages d, width w, micro-batch b, micro-batches per replica m, recompute)
 CONFIGS = [

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.table7 import data_dir
-from suite import pretrain  # noqa: F401  registers the `pretrain` cell kind in the cell process
-from suite.experiment import Experiment, Metric, Row
+from suite.tasks import pretrain  # noqa: F401  registers the `pretrain` cell kind in the cell process
+from suite.core.experiment import Experiment, Metric, Row
 
 # The paper's Table 1 (355M-parameter BERT, fine-tuned on MNLI and RACE) and its GPT test perplexities.
 PAPER = {
@@ -82,10 +82,10 @@ def figure(exp, results_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from suite import results
+    from suite.report import tables
 
     paths = []
-    for title, cells, records in results.sections(exp, Path(results_dir)):
+    for title, cells, records in tables.sections(exp, Path(results_dir)):
         done = {c.row.name: r["metrics"] for c, r in zip(cells, records) if r and r.get("status") == "ok"}
         if not done:
             continue

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from experiments.l2l_common import bert_base, half
-from suite.experiment import Experiment, Metric, Row
-from suite.plots import ratio_bars
+from suite.core.experiment import Experiment, Metric, Row
+from suite.report.plots import ratio_bars
 
 # Per-device batch: the paper's total batch of 256 is spread over 4 V100s, so one device sees 64
 # samples per step: the baseline as 32 accumulated micro-batches of 2, L2L as one micro-batch of 64

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.l2l_common import bert_base, half, l2l_row
-from suite.experiment import Experiment, Metric, Row
+from suite.core.experiment import Experiment, Metric, Row
 
 UBATCHES = (1, 2, 4)
 PAPER = {1: (52.48, 3.69), 2: (70.97, 3.89), 4: (84.91, 4.27)}  # #uBatches: (samples/s, GB)
@@ -44,9 +44,9 @@ def target_figure(exp, results_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from suite import results
+    from suite.report import tables
 
-    secs = results.sections(exp, Path(results_dir))
+    secs = tables.sections(exp, Path(results_dir))
     if not secs:
         return []
     fig, ax = plt.subplots(figsize=(6, 3.6))

@@ -5,9 +5,9 @@ import torch
 
 from experiments.l2l_common import bert_base, half, l2l_row, skipped
 from experiments.table3 import L2L_OPTIONS, UBATCHES
-from suite.cell import cell_kind, throughput_cell
-from suite.experiment import Experiment, Metric, Row
-from suite.plots import ratio_bars
+from suite.core.cell import cell_kind, throughput_cell
+from suite.core.experiment import Experiment, Metric, Row
+from suite.report.plots import ratio_bars
 
 PAPER = {1: {1: 14.57, 2: 18.6, 4: 22.07}, 4: {1: 52.48, 2: 70.97, 4: 84.91}}  # #GPUs: #uBatches: samples/s
 PAPER_N = 4

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.l2l_common import bert_base, bert_params, fmt_count, half, l2l_host_bytes, l2l_row
-from suite.config import PRESETS
-from suite.experiment import Experiment, Metric, Row
+from suite.config.run import PRESETS
+from suite.core.experiment import Experiment, Metric, Row
 
 # The paper's depths and the smaller profiles', in the same proportions; rows are named by the
 # proportion (x1 ... x16) so that one name means one position at every profile.
@@ -64,10 +64,10 @@ def depth_figure(exp, results_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from suite import results
-    from suite.config import parse_size
+    from suite.report import tables
+    from suite.config.sizes import parse_size
 
-    secs = results.sections(exp, Path(results_dir))
+    secs = tables.sections(exp, Path(results_dir))
     if not secs:
         return []
     panels = [("paper (V100-16GB, GB)", None)] + [(title, (cells, records)) for title, cells, records in secs]

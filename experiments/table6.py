@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from experiments.l2l_common import (HOST_HEADROOM, l2l_row, bert_params, fmt_count, half,
                                      l2l_host_bytes, machine_host_bytes, skipped)
-from suite.experiment import Experiment, Metric, Row
+from suite.core.experiment import Experiment, Metric, Row
 
 # Turing-NLG's shape as the paper states it (78 layers, hidden 4256, sequence 1024, "17 billion");
 # 28 heads (of 152) is Turing-NLG's own, which the paper does not restate. The model here is the

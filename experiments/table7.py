@@ -9,10 +9,10 @@ from typing import Any, Callable
 import torch
 
 from experiments import figure4, table7_equivalence
-from suite import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
-from suite.experiment import Experiment, Metric, Row
-from suite.glue import TASKS
-from suite.provenance import ROOT
+from suite.tasks import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
+from suite.core.experiment import Experiment, Metric, Row
+from suite.tasks.glue import TASKS
+from suite.config.paths import ROOT
 
 # The paper's Table 7 (BERT-Large, 3 epochs, lr 1e-3), percent; "NA" where it printed NA.
 PAPER_TASKS = ("qnli", "sst2", "cola", "stsb", "mrpc", "rte")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from suite.check import relative_error
+from suite.core.check import relative_error
 
 # (reference row, compared row, what bounds their difference)
 PAIRS = (("baseline-fp32", "l2l-fp32", "float rounding (same arithmetic, keyed dropout)"),
@@ -56,7 +56,7 @@ LOSS_AGREE = 1e-5  # relative difference of the mean training loss between evalu
 
 def _gradient_free(family: str, names) -> set[str]:
     """Tensors with zero gradient in exact arithmetic (their values are pure rounding noise), by the family's rule."""
-    from suite.families import FAMILIES
+    from suite.harness.families import FAMILIES
 
     class _Named:  # the rule reads parameter names only
         def named_parameters(self):
@@ -75,7 +75,7 @@ def _fmt(x, spec: str = ".3g") -> str:
 
 def write(exp, results_dir: Path) -> list[Path]:
     """results/table7_equivalence.md: one line per task and pair, per profile/device section."""
-    from suite import results
+    from suite.report import tables
 
     lines = ["# Table 7 equivalence: L2L against the baseline from the same seed", "",
              "Generated from results/runs/ and the final weights under results/.cache/ by `python -m suite run "
@@ -90,7 +90,7 @@ def write(exp, results_dir: Path) -> list[Path]:
              "micro-batches of 16 where L2L runs one of 32, so the last bits differ from the first step); a "
              "different computation would differ from the first evaluation.", ""]
     found = False
-    for title, cells, records in results.sections(exp, Path(results_dir)):
+    for title, cells, records in tables.sections(exp, Path(results_dir)):
         by_name = {c.row.name: (c, r) for c, r in zip(cells, records)}
         table = []
         for task in dict.fromkeys(c.row.task for c in cells):

@@ -1,7 +1,7 @@
 """GPipe: all forwards of a minibatch, then all backwards, then a flush; activations recomputed by default."""
 from __future__ import annotations
 
-from suite.registry import register
+from suite.core.registry import register
 
 from methods.pipeline.method import PipelineMethod, pipeline_options
 

@@ -5,11 +5,11 @@ from typing import ClassVar
 
 import torch
 
-from suite.data import MiniBatch
-from suite.registry import register
+from suite.harness.data import MiniBatch
+from suite.core.registry import register
 
 from methods.pipeline.method import PipelineMethod, pipeline_options
-from methods.pipeline.schedule import Action, two_bw_drain, two_bw_window
+from methods.pipeline.schedules.schedule import Action, two_bw_drain, two_bw_window
 
 
 @register("pipedream-2bw")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from baselines.grad_accum import GradAccum
-from suite.data import MiniBatch
-from suite.registry import StepStats, register
+from suite.harness.data import MiniBatch
+from suite.core.registry import StepStats, register
 
 
 class _OnCurrentWeights:

@@ -1,7 +1,7 @@
 """PipeDream-Flush: 1F1B with a flush per minibatch, one weight version, at most d - s micro-batches stashed."""
 from __future__ import annotations
 
-from suite.registry import register
+from suite.core.registry import register
 
 from methods.pipeline.method import PipelineMethod, pipeline_options
 

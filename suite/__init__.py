@@ -1,1 +1,1 @@
-"""Shared harness of the memory-efficient training suite."""
+"""memtrain-suite: the face (cli, sweep) over rooms that import only downward (see pyproject.toml)."""

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from suite.config import ConfigError
+from suite.config.errors import ConfigError
 
 
 def _list(args) -> int:
-    from suite import registry
-    from suite.experiment import all_experiments
+    from suite.core import registry
+    from suite.core.experiment import all_experiments
 
     print("methods:")
     for name in registry.names():
@@ -30,8 +30,8 @@ def _list(args) -> int:
 
 
 def _run(args) -> int:
-    from suite.experiment import get_experiment
-    from suite.runner import sweep
+    from suite.core.experiment import get_experiment
+    from suite.sweep import sweep
 
     exp = get_experiment(args.experiment)
     if args.data_dir:  # read by the GLUE experiments (in this process and, inherited, in the cells)
@@ -46,10 +46,10 @@ def _run(args) -> int:
 
 
 def _check(args) -> int:
-    from suite import registry
-    from suite.check import check, default_precision
-    from suite.config import RunConfig, apply_overrides
-    from suite.device import resolve_device
+    from suite.core import registry
+    from suite.core.check import check, default_precision
+    from suite.config.run import RunConfig, apply_overrides
+    from suite.harness.device import resolve_device
 
     cls = registry.get(args.method)
     registry.get(args.against)
@@ -73,13 +73,14 @@ def _check(args) -> int:
 def _plan(args) -> int:
     from pathlib import Path
 
-    from methods.pipeline import costmodel, planner
-    from suite.config import RunConfig, apply_overrides, parse_size
-    from suite.results import RESULTS_DIR
+    from methods.pipeline.planner import costmodel, predict
+    from suite.config.run import RunConfig, apply_overrides
+    from suite.config.sizes import parse_size
+    from suite.config.paths import RESULTS_DIR
 
-    bad = [m for m in args.methods if m not in planner.SCHEDULES]
+    bad = [m for m in args.methods if m not in predict.SCHEDULES]
     if bad:
-        raise ConfigError(f"--methods {bad}: the planner knows {sorted(planner.SCHEDULES)}")
+        raise ConfigError(f"--methods {bad}: the planner knows {sorted(predict.SCHEDULES)}")
     sizes = [int(x) for x in args.micro_batch_sizes.split(",")]
     cap = parse_size(args.memory) if args.memory else None
     run = apply_overrides(RunConfig(method="pipedream-2bw"), args.set or []).validate()
@@ -94,12 +95,12 @@ def _plan(args) -> int:
         spec = costmodel.DEVICE_SPECS[args.device]
         m = run.model
         prof = costmodel.analytic_profile(m.layers, m.hidden, m.heads, run.seq_len, m.vocab_size, spec)
-        print(f"profile: {prof.source} (projected from FLOPs; assumptions in methods/pipeline/costmodel.py)")
-    preds = planner.plan(prof, args.workers, args.batch, cap, tuple(args.methods), sizes,
+        print(f"profile: {prof.source} (projected from FLOPs; assumptions in methods/pipeline/planner/costmodel.py)")
+    preds = predict.plan(prof, args.workers, args.batch, cap, tuple(args.methods), sizes,
                          (False, True) if args.recompute == "both" else (args.recompute == "on",))
     print(f"{run.model.layers} blocks, hidden {run.model.hidden}, sequence {run.seq_len}; {args.workers} workers, "
           f"global batch <= {args.batch}, memory cap {args.memory or (f'{prof.memory / 1e9:g} GB (device spec)' if prof.memory else 'none')}; ranked, fitting first")
-    print(planner.render(preds, args.top))
+    print(predict.render(preds, args.top))
     return 0 if preds and preds[0].fits else 1
 
 

@@ -1,6 +1,6 @@
 """Test-only methods loaded into cell processes through SUITE_PLUGINS, to make cells fail on purpose."""
 from baselines.grad_accum import GradAccum
-from suite.registry import register
+from suite.core.registry import register
 
 
 @register("always-fails")

@@ -6,7 +6,9 @@ import sys
 import pytest
 
 from suite.cli import main
-from suite.config import ConfigError, RunConfig, apply_overrides, parse_size
+from suite.config.errors import ConfigError
+from suite.config.run import RunConfig, apply_overrides
+from suite.config.sizes import parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

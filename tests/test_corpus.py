@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from suite.corpus import CorpusError, build_corpus, corpus_texts
+from suite.tasks.corpus import CorpusError, build_corpus, corpus_texts
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
 
@@ -49,7 +49,7 @@ def test_batches_are_deterministic_and_blocks_full(objective):
 
 
 def test_validation_texts_are_held_out():
-    from suite.corpus import _held_out
+    from suite.tasks.corpus import _held_out
 
     texts = corpus_texts(FIXTURES)
     held = [t for t in texts if _held_out(t)]

@@ -4,10 +4,11 @@ import dataclasses
 import pytest
 import torch
 
-from suite.check import build_method, check, relative_error
-from suite.config import RunConfig
-from suite.data import synthetic_batches
-from suite.measure import apply_device_memory_cap, measure
+from suite.core.check import build_method, check, relative_error
+from suite.config.run import RunConfig
+from suite.harness.data import synthetic_batches
+from suite.measure.memory import apply_device_memory_cap
+from suite.measure.step import measure
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

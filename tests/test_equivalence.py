@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 import torch
 
-from suite.check import TOLERANCE, build_method, check, relative_error
-from suite.config import RunConfig
-from suite.data import synthetic_batches
+from suite.core.check import TOLERANCE, build_method, check, relative_error
+from suite.config.run import RunConfig
+from suite.harness.data import synthetic_batches
 
 
 def _grads_after_one_step(run):
@@ -69,7 +69,7 @@ def test_amp_bf16_within_16bit_tolerance_of_fp32():
 def test_check_fails_a_wrong_method():
     """The oracle is not vacuous: a method that never updates the head fails it."""
     from baselines.grad_accum import GradAccum
-    from suite import registry
+    from suite.core import registry
 
     @registry.register("broken-head")
     class BrokenHead(GradAccum):

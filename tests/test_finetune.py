@@ -6,12 +6,13 @@ import random
 import pytest
 import torch
 
-from suite import registry
-from suite.check import build_method
-from suite.config import ConfigError, ModelConfig, RunConfig
-from suite.finetune import BestCheckpoint, Evaluator, FinetuneOptions, finetune, prepare, trim
-from suite.glue import GlueDataError, batches
-from suite.model import plain_copy
+from suite.core import registry
+from suite.core.check import build_method
+from suite.config.errors import ConfigError
+from suite.config.run import ModelConfig, RunConfig
+from suite.tasks.finetune import BestCheckpoint, Evaluator, FinetuneOptions, finetune, prepare, trim
+from suite.tasks.glue import GlueDataError, batches
+from suite.harness.model import plain_copy
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "glue")
 TINY = ModelConfig(preset="tiny", layers=1, hidden=32, heads=2, intermediate=64)

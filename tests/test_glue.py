@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from suite import glue
-from suite.data import MiniBatch
-from suite.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from suite.tasks import glue
+from suite.harness.data import MiniBatch
+from suite.tasks.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "glue"
@@ -151,7 +151,7 @@ def test_tokenizer_deterministic(tokenizer):
     assert again.get_vocab() == tokenizer.get_vocab()
     assert again(texts[:20])["input_ids"] == tokenizer(texts[:20])["input_ids"]
     # tokenizers' own trainer varies between processes (hash order); ours must not.
-    code = ("from tests.test_glue import _all_texts, _vocab_hash; from suite.tokenizer import load_tokenizer; "
+    code = ("from tests.test_glue import _all_texts, _vocab_hash; from suite.tasks.tokenizer import load_tokenizer; "
             "print(_vocab_hash(load_tokenizer(None, _all_texts(), vocab_size=512)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})

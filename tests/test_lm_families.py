@@ -4,11 +4,11 @@ import dataclasses
 import pytest
 import torch
 
-from suite.check import build_method, check, relative_error
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batch, synthetic_batches
-from suite.masking import MASK_ID, mask_tokens
-from suite.model import build_model, plain_copy
+from suite.core.check import build_method, check, relative_error
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batch, synthetic_batches
+from suite.harness.masking import MASK_ID, mask_tokens
+from suite.harness.model import build_model, plain_copy
 
 FAMILIES = ("gpt2", "bert-mlm")
 

@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from suite.config import RunConfig
-from suite.check import build_method
-from suite.data import synthetic_batches
-from suite.measure import LiveBytesTracker, measure
+from suite.config.run import RunConfig
+from suite.core.check import build_method
+from suite.harness.data import synthetic_batches
+from suite.measure.memory import LiveBytesTracker
+from suite.measure.step import measure
 
 
 def test_tracker_counts_live_storages_not_views():

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from suite import metrics
-from suite.glue import GlueDataError
+from suite.tasks import metrics
+from suite.tasks.glue import GlueDataError
 
 
 def test_accuracy():

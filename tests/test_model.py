@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from suite.config import ConfigError, ModelConfig, RunConfig
-from suite.data import synthetic_batch
-from suite.model import build_model, plain_copy
+from suite.config.errors import ConfigError
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batch
+from suite.harness.model import build_model, plain_copy
 
 
 @pytest.mark.parametrize("padded", [False, True])

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from suite.config import RunConfig
-from suite.optim import Lamb, LayerwiseOptimizer, lr_at
+from suite.config.run import RunConfig
+from suite.harness.optim import Lamb, LayerwiseOptimizer, lr_at
 
 
 def lamb_reference(ws, grads_per_step, lr, b1, b2, eps, wd):

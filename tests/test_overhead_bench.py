@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from suite.config import RunConfig, apply_overrides
-from suite.overhead import PROFILES, make_steps
+from suite.config.run import RunConfig, apply_overrides
+from experiments.benchmarks.overhead import PROFILES, make_steps
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ import os
 import pytest
 import torch
 
-from suite.config import ConfigError, ModelConfig, RunConfig
-from suite.pretrain import PretrainOptions, pretrain
+from suite.config.errors import ConfigError
+from suite.config.run import ModelConfig, RunConfig
+from suite.tasks.pretrain import PretrainOptions, pretrain
 
 FIXTURES = os.path.relpath(os.path.join(os.path.dirname(__file__), "fixtures", "glue"),
                            os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

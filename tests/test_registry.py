@@ -1,8 +1,8 @@
 """The method registry: duplicates refused, typos answered with the closest names."""
 import pytest
 
-from suite import registry
-from suite.config import ConfigError
+from suite.core import registry
+from suite.config.errors import ConfigError
 
 
 def test_duplicate_names_are_refused():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from suite import rng
+from suite.harness import rng
 
 
 def _mask(shape, seed=1, step=0, layer=3, offset=0, sites=1):

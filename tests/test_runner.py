@@ -4,9 +4,11 @@ import os
 
 import pytest
 
-from suite import registry, results, tracking
-from suite.experiment import Experiment, Metric, Row
-from suite.runner import sweep
+from suite.core import registry
+from suite.records import store
+from suite.records import tracking
+from suite.core.experiment import Experiment, Metric, Row
+from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TINY = {"model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.intermediate": 64, "seq_len": 8,
@@ -47,7 +49,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
     assert "Traceback" in records[1]["error"]
     # every cell is on disk, keyed by its config hash, and the table shows all four rows
     for r in records:
-        assert json.loads(results.run_path(tmp_path, r["key"]).read_text())["status"] == r["status"]
+        assert json.loads(store.run_path(tmp_path, r["key"]).read_text())["status"] == r["status"]
     table = (tmp_path / "runner-test.md").read_text()
     for word in ("| ok |", "error: ValueError", "| oom |", "not_implemented", "10.00"):
         assert word in table

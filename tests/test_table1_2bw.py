@@ -1,7 +1,7 @@
 """The 2bw-table1 experiment expands to its four pre-training cells."""
 import pytest
 
-from suite.experiment import get_experiment
+from suite.core.experiment import get_experiment
 
 
 def test_tiny_expands_to_four_pipeline_cells(monkeypatch):

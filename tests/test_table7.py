@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from experiments import table7, table7_equivalence
-from suite.runner import sweep
+from suite.sweep import sweep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 

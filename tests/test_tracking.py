@@ -1,4 +1,4 @@
-"""Tests for suite.tracking: offline W&B runs are written and read back exactly."""
+"""Tests for suite.records.tracking: offline W&B runs are written and read back exactly."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from suite import tracking
+from suite.records import tracking
 
 _DIR_VARS = (
     "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR",

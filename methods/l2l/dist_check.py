@@ -5,7 +5,7 @@
 
 Each rank trains on its shard of the global minibatch (offsets stay global, so dropout keys match
 one rank's); rank 0 also trains the reference (`--against`, one rank, the full minibatch) and
-compares the updates with suite.check's tolerance; every rank's weights must be bitwise identical.
+compares the updates with suite.core.check's tolerance; every rank's weights must be bitwise identical.
 Every rank exits non-zero on a mismatch.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from suite import registry
-from suite.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
-from suite.config import RunConfig, apply_overrides
-from suite.data import synthetic_batches
-from suite.device import resolve_device
+from suite.core import registry
+from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
+from suite.config.run import RunConfig, apply_overrides
+from suite.harness.data import synthetic_batches
+from suite.harness.device import resolve_device
 
 
 def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -10,11 +10,11 @@ from methods.l2l.lanes import Lanes
 from methods.l2l.param_server import HostParamServer
 from methods.l2l.relay import DeviceRelay, Stash
 from methods.l2l.updates import HostUpdater
-from suite.config import ConfigError
-from suite.data import MiniBatch
-from suite.device import DTYPES
-from suite.loss_scale import DynamicLossScaler
-from suite.registry import Method, Option, StepStats, register
+from suite.config.errors import ConfigError
+from suite.harness.data import MiniBatch
+from suite.harness.device import DTYPES
+from suite.harness.loss_scale import DynamicLossScaler
+from suite.core.registry import Method, Option, StepStats, register
 
 
 def _process_group(run, device: torch.device):

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from suite.optim import Lamb, LayerwiseOptimizer
+from suite.harness.optim import Lamb, LayerwiseOptimizer
 
 
 def _host_buffer(numel: int, dtype: torch.dtype, pin: bool, zero: bool = False) -> torch.Tensor:

@@ -1,1 +1,1 @@
-"""Pipeline parallelism: schedule IR, validator, simulator, partitioner, stages and executors (reference and torch.distributed)."""
+"""Pipelines, layered: planner/ over method.py over executors/ over schedules/ (the schedule language)."""

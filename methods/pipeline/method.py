@@ -7,15 +7,15 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from suite.config import ConfigError
-from suite.data import MiniBatch
-from suite.registry import Method, Option, StepStats
+from suite.config.errors import ConfigError
+from suite.harness.data import MiniBatch
+from suite.core.registry import Method, Option, StepStats
 
-from .executor_reference import ReferenceExecutor
-from .partition import partition
-from .schedule import COMPUTE, GENERATORS, OPTIMIZER_STEP, Action, Schedule
-from .stage import Stage
-from .validate import validate
+from methods.pipeline.executors.reference import ReferenceExecutor
+from methods.pipeline.schedules.partition import partition
+from methods.pipeline.schedules.schedule import COMPUTE, GENERATORS, OPTIMIZER_STEP, Action, Schedule
+from methods.pipeline.executors.stage import Stage
+from methods.pipeline.schedules.validate import validate
 
 
 def pipeline_options(recompute: bool) -> dict[str, Option]:
@@ -59,7 +59,7 @@ class PipelineMethod(Method):
     # context, labels and dropout keys itself); the method cuts the replicas' shards.
     shards_batch: ClassVar[bool] = False
     # What `suite check` should launch under torchrun when world_size(run) > 1.
-    dist_check_module: ClassVar[str] = "methods.pipeline.dist_check"
+    dist_check_module: ClassVar[str] = "methods.pipeline.executors.dist_check"
     # Weight versions each stage holds: 1 for flush schedules, 2 for 2BW's double buffer.
     stage_versions: ClassVar[int] = 1
     # Steps of the schedule validated at start-up (2BW: enough to contain every distinct window).
@@ -99,7 +99,7 @@ class PipelineMethod(Method):
                            for s, r in enumerate(self.ranges)]
             self.executor = ReferenceExecutor(self.stages, w, clip)
         else:
-            from .executor_dist import DistExecutor, init_distributed
+            from methods.pipeline.executors.dist import DistExecutor, init_distributed
 
             rank, world = init_distributed(device, self.opts["timeout"])
             if world != d * w:

@@ -11,9 +11,9 @@ import torch
 from methods.l2l.method import L2L
 from methods.l2l.param_server import HostParamServer
 from methods.l2l.timeline import breakdown, spans
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batches
-from suite.model import build_model
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batches
+from suite.harness.model import build_model
 
 BLOCK = 1  # layer index of the encoder block in a one-block model
 

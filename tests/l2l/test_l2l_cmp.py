@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from suite.check import build_method, check
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batches
+from suite.core.check import build_method, check
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batches
 
 
 def tiny(precision="bf16", options=None, **kw) -> RunConfig:

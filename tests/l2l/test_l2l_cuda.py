@@ -4,10 +4,10 @@ import torch
 
 from methods.l2l.method import L2L
 from methods.l2l.timeline import breakdown, overlap, spans, union
-from suite.check import build_method, check
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batches
-from suite.model import build_model
+from suite.core.check import build_method, check
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batches
+from suite.harness.model import build_model
 
 
 def test_timeline_arithmetic():

@@ -9,8 +9,8 @@ import pytest
 
 from methods.l2l.relay import DeviceRelay
 from methods.l2l.updates import HostUpdater
-from suite.check import check
-from suite.config import ModelConfig, RunConfig
+from suite.core.check import check
+from suite.config.run import ModelConfig, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIBATCH = 8

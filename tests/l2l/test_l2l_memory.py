@@ -1,10 +1,10 @@
 """Device memory against depth (CPU live-bytes tracker): flat with stash=cpu, +1 activation per layer with stash=gpu."""
 import pytest
 
-from suite.check import build_method
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batches
-from suite.measure import LiveBytesTracker
+from suite.core.check import build_method
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batches
+from suite.measure.memory import LiveBytesTracker
 
 DEPTHS = (4, 8, 16, 32)
 HIDDEN, SEQ, MICRO_BATCH, MICRO_BATCHES = 16, 16, 2, 2

@@ -5,10 +5,11 @@ import threading
 import pytest
 import torch
 
-from suite.check import build_method, relative_error
-from suite.config import ConfigError, ModelConfig, RunConfig, apply_overrides
-from suite.data import synthetic_batches
-from suite.registry import get
+from suite.core.check import build_method, relative_error
+from suite.config.errors import ConfigError
+from suite.config.run import ModelConfig, RunConfig, apply_overrides
+from suite.harness.data import synthetic_batches
+from suite.core.registry import get
 
 BLOCKS = 4
 

@@ -4,13 +4,12 @@ import dataclasses
 import pytest
 import torch
 
-from methods.pipeline.schedule import (FORWARD, OPTIMIZER_STEP, Schedule, _shift_groups, two_bw, two_bw_drain,
-                                       two_bw_window)
-from methods.pipeline.validate import ScheduleError, validate
+from methods.pipeline.schedules.schedule import (FORWARD, OPTIMIZER_STEP, Schedule, _shift_groups, two_bw, two_bw_drain, two_bw_window)
+from methods.pipeline.schedules.validate import ScheduleError, validate
 from suite import cli
-from suite.check import build_method, check
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batches
+from suite.core.check import build_method, check
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batches
 
 # Sibling test modules (pytest's rootdir import mode puts tests/pipeline on sys.path).
 from test_pipeline_exec_dist import _assert_passes, _check
@@ -32,7 +31,7 @@ def _windows(d, m, steps, start=0):
 
 def test_registered_with_pipeline_options():
     from methods.pipeline.method import PipelineMethod
-    from suite import registry
+    from suite.core import registry
 
     cls = registry.get("pipedream-2bw")
     assert issubclass(cls, PipelineMethod) and cls.schedule_name == "2bw" and cls.stage_versions == 2

@@ -1,7 +1,7 @@
 """Benchmark (skipped by default): our pipelines vs torch.distributed.pipelining vs grad_accum, 2 gloo ranks.
 
 The timed work spans two processes, which pytest-benchmark's in-process timer cannot see, so the
-test launches methods/pipeline/bench.py under torchrun (it times every step across ranks and
+test launches experiments/benchmarks/pipeline_vs_torch.py under torchrun (it times every step across ranks and
 writes results/pipeline_bench.md + .json); pytest-benchmark records the launch and the numbers.
 """
 import json
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from methods.pipeline.torchrun import torchrun
-from suite.provenance import ROOT
+from methods.pipeline.executors.torchrun import torchrun
+from suite.config.paths import ROOT
 
 
 def test_pipeline_step_time_vs_torch_pipelining(benchmark):
@@ -18,7 +18,7 @@ def test_pipeline_step_time_vs_torch_pipelining(benchmark):
 
     def launch():
         try:
-            return torchrun(2, "methods.pipeline.bench", ["--out", out], timeout=900)
+            return torchrun(2, "experiments.benchmarks.pipeline_vs_torch", ["--out", out], timeout=900)
         except subprocess.TimeoutExpired:
             pytest.fail("benchmark did not finish in 900 s")
 

@@ -4,9 +4,9 @@ import re
 import pytest
 import torch
 
-from methods.pipeline.torchrun import torchrun
-from suite.check import check
-from suite.config import ModelConfig, RunConfig
+from methods.pipeline.executors.torchrun import torchrun
+from suite.core.check import check
+from suite.config.run import ModelConfig, RunConfig
 
 pytestmark = pytest.mark.cuda
 MODEL = ModelConfig(layers=2, hidden=32, heads=2, intermediate=64)
@@ -30,7 +30,7 @@ def test_dist_executor_on_nccl(method, stages, width):
     args = ["--method", method, "--steps", "3", "--set", "model.layers=2", "--set", "model.hidden=32",
             "--set", "model.heads=2", "--set", "model.intermediate=64", "--set", "seq_len=8",
             "--set", f"num_micro_batches={4 * width}", "--set", f"stages={stages}", "--set", f"width={width}"]
-    proc = torchrun(stages * width, "methods.pipeline.dist_check", args, timeout=300)
+    proc = torchrun(stages * width, "methods.pipeline.executors.dist_check", args, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert re.search(r"PASS: largest", proc.stdout) and "): equal" in proc.stdout
 
@@ -38,7 +38,7 @@ def test_dist_executor_on_nccl(method, stages, width):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_planner_profiles_layers_on_the_gpu():
     """The per-layer profile on CUDA: allocator counters for bytes, synchronized timings, NCCL-style sends."""
-    from methods.pipeline.costmodel import measure_profile
+    from methods.pipeline.planner.costmodel import measure_profile
 
     run = RunConfig(model=MODEL, seq_len=16).validate()
     prof = measure_profile(run, micro_batch_sizes=(1, 2), repeats=2, device=torch.device("cuda"))

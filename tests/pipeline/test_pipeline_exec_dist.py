@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from methods.pipeline.torchrun import torchrun
+from methods.pipeline.executors.torchrun import torchrun
 
 TIMEOUT = 180  # a hang fails the test instead of stalling the run
 TINY = ["--set", "model.layers=2", "--set", "model.hidden=32", "--set", "model.heads=2", "--set",
@@ -16,7 +16,7 @@ def _check(method, stages, width, recompute, extra=(), m=4):
     args = ["--method", method, *TINY, "--set", f"num_micro_batches={m}", "--set", f"stages={stages}",
             "--set", f"width={width}", "--set", f"recompute={'on' if recompute else 'off'}", *extra]
     try:
-        return torchrun(stages * width, "methods.pipeline.dist_check", args, TIMEOUT)
+        return torchrun(stages * width, "methods.pipeline.executors.dist_check", args, TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{method} d={stages} w={width} did not finish within {TIMEOUT} s (hang)")
 

@@ -1,17 +1,17 @@
-"""Reference executor: GPipe and PipeDream-Flush equal grad_accum through suite.check; stash at its bound."""
+"""Reference executor: GPipe and PipeDream-Flush equal grad_accum through suite.core.check; stash at its bound."""
 import dataclasses
 
 import pytest
 import torch
 
-from methods.pipeline.executor_reference import ReferenceExecutor
-from methods.pipeline.schedule import Kind, two_bw
-from methods.pipeline.simulate import Timeline
-from methods.pipeline.stage import Stage
+from methods.pipeline.executors.reference import ReferenceExecutor
+from methods.pipeline.schedules.schedule import Kind, two_bw
+from methods.pipeline.schedules.simulate import Timeline
+from methods.pipeline.executors.stage import Stage
 from suite import cli
-from suite.check import build_method, check
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batches
+from suite.core.check import build_method, check
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batches
 
 MODEL = ModelConfig(layers=2, hidden=32, heads=2, intermediate=64)  # 4 layers: embeddings, 2 blocks, head
 

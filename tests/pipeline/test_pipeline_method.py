@@ -4,10 +4,11 @@ import dataclasses
 import pytest
 
 from methods.pipeline.method import PipelineMethod, step_actions
-from methods.pipeline.schedule import FORWARD, OPTIMIZER_STEP, gpipe
-from suite import registry
-from suite.check import build_method
-from suite.config import ConfigError, ModelConfig, RunConfig, apply_overrides
+from methods.pipeline.schedules.schedule import FORWARD, OPTIMIZER_STEP, gpipe
+from suite.core import registry
+from suite.core.check import build_method
+from suite.config.errors import ConfigError
+from suite.config.run import ModelConfig, RunConfig, apply_overrides
 
 MODEL = ModelConfig(layers=2, hidden=32, heads=2, intermediate=64)
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from methods.pipeline.partition import partition, stage_costs
+from methods.pipeline.schedules.partition import partition, stage_costs
 
 
 def _brute(costs, d):

@@ -3,10 +3,10 @@ import dataclasses
 
 import pytest
 
-from methods.pipeline import costmodel, planner
-from methods.pipeline.costmodel import LayerCost, Link, Profile
+from methods.pipeline.planner import costmodel, predict as planner
+from methods.pipeline.planner.costmodel import LayerCost, Link, Profile
 from suite.cli import main as cli_main
-from suite.config import RunConfig
+from suite.config.run import RunConfig
 
 
 def uniform(n_blocks=8, f=1.0, b=2.0, keep=100.0, out=10.0, params=1000) -> Profile:
@@ -108,10 +108,10 @@ def test_planner_predictions_hold_against_a_measured_run(tmp_path, monkeypatch):
     """Stated bound: worst-stage memory within 10% and throughput within a factor of 2 of a real 2-rank run
     (memory is the deterministic live-bytes tracker; time shares two CPU cores with whatever else runs)."""
     from experiments.planner_check import EXPERIMENT
-    from suite.runner import sweep
+    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
-    monkeypatch.setattr("suite.results.RESULTS_DIR", tmp_path)
+    monkeypatch.setattr("suite.config.paths.RESULTS_DIR", tmp_path)
     records = sweep(EXPERIMENT, profile="tiny", only=["flush-d2-b4"], overrides=["steps=4"],
                     results_dir=tmp_path, wandb_mode="off", progress=lambda m: None)
     (rec,) = records

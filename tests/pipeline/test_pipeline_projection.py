@@ -3,12 +3,12 @@
 import pytest
 
 from experiments import fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw
-from methods.pipeline.costmodel import DEVICE_SPECS, analytic_profile
-from methods.pipeline.planner import predict
-from methods.pipeline.projection import (ProjectedOOM, extended_profile, fastest_fitting, max_layers, paper_profile,
-                                         project)
-from suite import cell as cell_mod
-from suite import runner
+from methods.pipeline.planner.costmodel import DEVICE_SPECS, analytic_profile
+from methods.pipeline.planner.predict import predict
+from methods.pipeline.planner.projection import (ProjectedOOM, extended_profile, fastest_fitting, max_layers, paper_profile, project)
+from suite.core import cell as cell_mod
+from suite.core import runner
+from suite.sweep import sweep
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +103,7 @@ def test_sweep_writes_table_and_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_cell", lambda c, timeout=None: cell_mod.execute(c.resolved()))
     for exp in (fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw):
         only = [n for n, c in _cells(exp).items() if c.kind == "projected"]
-        records = runner.sweep(exp.EXPERIMENT, "tiny", only=only, wandb_mode="off", results_dir=tmp_path,
+        records = sweep(exp.EXPERIMENT, "tiny", only=only, wandb_mode="off", results_dir=tmp_path,
                                progress=lambda *_: None)
         assert all(r["status"] in ("ok", "oom") for r in records)
         assert (tmp_path / f"{exp.EXPERIMENT.name}.md").exists()

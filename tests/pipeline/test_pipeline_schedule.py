@@ -3,9 +3,8 @@ from collections import Counter
 
 import pytest
 
-from methods.pipeline.schedule import (BACKWARD, FORWARD, Action, Kind, gpipe, one_f_one_b,
-                                       two_bw, weight_version)
-from methods.pipeline.validate import validate
+from methods.pipeline.schedules.schedule import (BACKWARD, FORWARD, Action, Kind, gpipe, one_f_one_b, two_bw, weight_version)
+from methods.pipeline.schedules.validate import validate
 
 # Derived by hand from the paper's Figure 3 (2 stages, GPipe and PipeDream-Flush) and Figure 2
 # (2BW: stage s warms up with d-s-1 forwards, then alternates 1F1B with no flush; micro-batch

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from methods.pipeline.schedule import Kind, gpipe, one_f_one_b, two_bw
-from methods.pipeline.simulate import Costs, Timeline, draw, simulate, to_chrome_trace
-from methods.pipeline.validate import ScheduleError
+from methods.pipeline.schedules.schedule import Kind, gpipe, one_f_one_b, two_bw
+from methods.pipeline.schedules.simulate import Costs, Timeline, draw, simulate, to_chrome_trace
+from methods.pipeline.schedules.validate import ScheduleError
 
 
 @pytest.mark.parametrize("steps", [1, 2])

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from methods.pipeline.schedule import Action, Kind
-from methods.pipeline.stage import Stage, clip_coefficient
-from suite.config import ModelConfig, RunConfig
-from suite.data import synthetic_batch
-from suite.model import build_model
+from methods.pipeline.schedules.schedule import Action, Kind
+from methods.pipeline.executors.stage import Stage, clip_coefficient
+from suite.config.run import ModelConfig, RunConfig
+from suite.harness.data import synthetic_batch
+from suite.harness.model import build_model
 
 RUN = RunConfig(model=ModelConfig(layers=2, hidden=32, heads=2, intermediate=64), seq_len=8, device="cpu").validate()
 

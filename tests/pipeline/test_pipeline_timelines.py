@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from methods.pipeline import timelines
-from methods.pipeline.schedule import COMPUTE, Kind
+from experiments import pipeline_timelines as timelines
+from methods.pipeline.schedules.schedule import COMPUTE, Kind
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from methods.pipeline.schedule import Action, Kind, Schedule, gpipe, one_f_one_b, two_bw
-from methods.pipeline.validate import ScheduleError, execution_order, validate
+from methods.pipeline.schedules.schedule import Action, Kind, Schedule, gpipe, one_f_one_b, two_bw
+from methods.pipeline.schedules.validate import ScheduleError, execution_order, validate
 
 
 def _edit(sch, stage, fn):

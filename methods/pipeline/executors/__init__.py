@@ -1,0 +1,1 @@
+"""Run schedules: stages, the reference and torch.distributed executors, torchrun; import schedules/, harness."""

@@ -1,0 +1,1 @@
+"""The schedule language: actions, generators, validator, simulator, partitioner; pure Python, no torch."""

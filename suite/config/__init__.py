@@ -1,0 +1,1 @@
+"""Ground floor: run and model configs, sizes, paths, ConfigError, did-you-mean; imports nothing of ours."""

@@ -1,0 +1,192 @@
+"""Typed run and model configs, model presets, and validated `key=value` overrides."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from suite.config.errors import ConfigError, did_you_mean
+from suite.config.sizes import parse_size
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+OPTIMIZERS = ("lamb", "adamw")
+SCHEDULES = ("constant", "linear")
+DEVICES = ("auto", "cpu", "cuda")
+FAMILIES = ("bert", "bert-mlm", "gpt2")  # suite.harness.families.FAMILIES holds their implementations
+
+# Model presets. `bert-large` is exactly the L2L paper's Table 1.
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-large": dict(layers=24, hidden=1024, intermediate=4096, heads=16, max_seq=512, vocab_size=30522),
+    "bert-base": dict(layers=12, hidden=768, intermediate=3072, heads=12, max_seq=512, vocab_size=30522),
+    # GPT-2 medium, the 355M-parameter GPT of the 2BW paper's section 5.1.
+    "gpt2-medium": dict(layers=24, hidden=1024, intermediate=4096, heads=16, max_seq=1024, vocab_size=50257),
+    "tiny": dict(layers=4, hidden=64, intermediate=256, heads=4, max_seq=128, vocab_size=1024),
+    "tiny-wide": dict(layers=4, hidden=128, intermediate=512, heads=4, max_seq=128, vocab_size=1024),
+}
+
+
+@dataclass
+class ModelConfig:
+    """Which transformer to build: a preset, optionally overridden, or a pretrained folder."""
+
+    family: str = "bert"
+    preset: str = "tiny"
+    layers: int | None = None
+    hidden: int | None = None
+    intermediate: int | None = None
+    heads: int | None = None
+    max_seq: int | None = None
+    vocab_size: int | None = None
+    num_labels: int = 2
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    pretrained: str | None = None
+
+    def resolved(self) -> "ModelConfig":
+        """Fill every size from the preset; explicit values win."""
+        if self.family not in FAMILIES:
+            raise ConfigError(f"model.family={self.family!r} is not one of {list(FAMILIES)}")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"model.preset={self.preset!r} is not one of {sorted(PRESETS)}{did_you_mean(self.preset, PRESETS)}")
+        base = PRESETS[self.preset]
+        out = dataclasses.replace(self, **{k: v for k, v in base.items() if getattr(self, k) is None})
+        if out.hidden % out.heads:
+            raise ConfigError(f"model.hidden={out.hidden} must be a multiple of model.heads={out.heads}")
+        for k in ("layers", "hidden", "intermediate", "heads", "max_seq", "vocab_size", "num_labels"):
+            if getattr(out, k) < 1:
+                raise ConfigError(f"model.{k} must be >= 1, got {getattr(out, k)}")
+        for k in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(out, k) < 1.0:
+                raise ConfigError(f"model.{k} must be in [0, 1), got {getattr(out, k)}")
+        return out
+
+
+@dataclass
+class RunConfig:
+    """Everything one method run needs: model, batch shape, optimizer, precision, steps, device."""
+
+    method: str = "grad_accum"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    precision: str = "fp32"
+    micro_batch_size: int = 4
+    num_micro_batches: int = 2
+    seq_len: int = 32
+    optimizer: str = "lamb"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0
+    clip_grad_norm: float = 0.0
+    seed: int = 1234
+    warmup: int = 2
+    steps: int = 5
+    device: str = "auto"
+    device_memory: str | None = None
+    ranks: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per optimizer step on one rank (micro-batch size x number of micro-batches)."""
+        return self.micro_batch_size * self.num_micro_batches
+
+    def validate(self) -> "RunConfig":
+        """Check enumerations and ranges; returns a copy with the model resolved."""
+        for name, choices in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
+                              ("schedule", SCHEDULES), ("device", DEVICES)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(f"{name}={value!r} is not one of {list(choices)}")
+        for name in ("micro_batch_size", "num_micro_batches", "seq_len", "steps", "ranks"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0 or self.warmup_steps < 0 or self.total_steps < 0:
+            raise ConfigError("warmup, warmup_steps and total_steps must be >= 0")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        model = self.model.resolved()
+        if self.seq_len > model.max_seq:
+            raise ConfigError(f"seq_len={self.seq_len} exceeds model.max_seq={model.max_seq}")
+        if self.device_memory is not None:
+            parse_size(self.device_memory)
+        return dataclasses.replace(self, model=model)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "RunConfig":
+        d = dict(d)
+        d["model"] = ModelConfig(**d.get("model", {}))
+        return RunConfig(**d)
+
+
+def _field_type(cls, name: str):
+    hints = typing.get_type_hints(cls)
+    return hints[name]
+
+
+def _coerce(key: str, raw: str, typ) -> Any:
+    """Convert the text of an override to the field's declared type."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        if type(None) in args and raw.lower() in ("none", "null", ""):
+            return None
+        typ = next(a for a in args if a is not type(None))
+    try:
+        if typ is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if typ is str:
+            return raw
+    except ValueError:
+        pass
+    raise ConfigError(f"--set {key}={raw!r}: expected a value of type {getattr(typ, '__name__', typ)}")
+
+
+def override_keys() -> list[str]:
+    """Every key `--set` accepts besides method options."""
+    run = [f.name for f in dataclasses.fields(RunConfig) if f.name not in ("model", "options")]
+    model = [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
+    return run + model
+
+
+def apply_overrides(cfg: RunConfig, pairs: list[str] | dict[str, Any], method_options: dict | None = None) -> RunConfig:
+    """Apply `key=value` overrides. Keys: RunConfig fields, `model.<field>`, or the method's declared options."""
+    items = pairs.items() if isinstance(pairs, dict) else [_split_pair(p) for p in pairs]
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)} - {"model", "options"}
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), options=dict(cfg.options))
+    for key, value in items:
+        raw = value if isinstance(value, str) else None
+        if key.startswith("model.") and key[6:] in model_fields:
+            typ = _field_type(ModelConfig, key[6:])
+            setattr(cfg.model, key[6:], _coerce(key, raw, typ) if raw is not None else value)
+        elif key in run_fields:
+            setattr(cfg, key, _coerce(key, raw, _field_type(RunConfig, key)) if raw is not None else value)
+        elif method_options is not None and key in method_options:
+            cfg.options[key] = method_options[key].parse(key, value)
+        else:
+            accepted = override_keys() + sorted(method_options or {})
+            raise ConfigError(f"unknown --set key {key!r}{did_you_mean(key, accepted)}; accepted keys: {', '.join(accepted)}")
+    return cfg
+
+
+def _split_pair(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    k, v = text.split("=", 1)
+    return k.strip(), v.strip()

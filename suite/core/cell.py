@@ -1,0 +1,133 @@
+"""Runs one cell in its own process: build the method, measure it, write one record with exactly one status."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from suite.config.errors import ConfigError
+
+CELL_KINDS = {}
+
+
+def cell_kind(name: str):
+    """Register a function that runs a cell kind: (run, device, cap) -> metrics dict."""
+    def deco(fn):
+        CELL_KINDS[name] = fn
+        return fn
+    return deco
+
+
+def cell_options(cls, run, what: str):
+    """The dataclass `cls` filled from run.options, which may also hold the method's own options; any other
+    key is an error naming what `what` (e.g. "fine-tuning") accepts."""
+    from suite.core import registry
+
+    mine = {f.name for f in dataclasses.fields(cls)}
+    theirs = registry.get(run.method).options if registry.is_registered(run.method) else {}
+    unknown = sorted(k for k in run.options if k not in mine and k not in theirs)
+    if unknown:
+        raise ConfigError(f"unknown {what} option(s) {unknown}; accepted: {sorted(mine | set(theirs))}")
+    return cls(**{k: v for k, v in run.options.items() if k in mine})
+
+
+@cell_kind("throughput")
+def throughput_cell(run, device, cap) -> dict:
+    """Synthetic batches through the method: median step time, device and host memory peaks."""
+    from suite.core.check import build_method
+    from suite.harness.data import synthetic_batches
+    from suite.measure.step import measure
+
+    method = build_method(run, device)
+    batches = synthetic_batches(run)
+    if run.ranks > 1 and method.shards_batch:
+        # Data-parallel ranks take their share of the global minibatch (offsets stay global); a
+        # pipeline's stages all see the whole minibatch.
+        rank, world = int(os.environ.get("RANK", 0)), run.ranks
+        batches = (b.shard(rank, world) for b in batches)
+    m = measure(method, batches, run.warmup, run.steps, device, cap).summary()
+    m.update(rank_memory(m["device_peak_allocated"]))
+    if run.ranks > 1:  # rank 0 timed its share; the cell's throughput is the whole minibatch's
+        m["throughput_per_rank"] = m["throughput"]
+        m["throughput"] = run.batch_size / m["step_time_median"]
+    return m
+
+
+def rank_memory(peak: int) -> dict:
+    """Under several ranks, every rank's device peak (rank 0 alone measures its own, a pipeline's first
+    stage); the worst rank is what each device must hold. Collective: every rank calls it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return {}
+    peaks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, int(peak))
+    return {"rank_memory": peaks, "memory_worst_rank_gb": max(peaks) / 1e9}
+
+
+def classify(exc: BaseException) -> str:
+    """Status of a failed cell: out-of-memory errors are `oom`, anything else `error: <type>: <message>`."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom"
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"error: {type(exc).__name__}: {msg}"[:300]
+
+
+def execute(payload: dict) -> dict:
+    """Run the cell described by `payload` (Cell.resolved()) and return its record."""
+    from suite.config.run import RunConfig
+    from suite.harness.device import resolve_device
+    from suite.measure.memory import apply_device_memory_cap
+    from suite.measure.provenance import provenance
+
+    started = time.time()
+    record = {"status": "error: did not start", "metrics": {}, "error": None}
+    device = torch.device("cpu")
+    cap = None
+    try:
+        run = RunConfig.from_dict(payload["run"]).validate()
+        device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
+        cap = apply_device_memory_cap(run.device_memory, device)
+        torch.manual_seed(run.seed)
+        record["metrics"] = CELL_KINDS[payload.get("kind", "throughput")](run, device, cap)
+        record["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 — every failure becomes a status, never a lost cell
+        record["status"] = classify(exc)
+        record["metrics"] = getattr(exc, "metrics", None) or {}  # e.g. a projection's memory past its cap
+        record["error"] = traceback.format_exc()[-4000:]
+        if isinstance(exc, KeyboardInterrupt):
+            record["status"] = "error: interrupted"
+    record["provenance"] = provenance(device, payload.get("profile", "?"), cap)
+    record["duration_s"] = time.time() - started
+    return record
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m suite.core.cell CELL.json OUT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        payload = json.load(f)
+    from suite.core import cell
+    from suite.core.experiment import all_experiments
+
+    all_experiments()  # experiment modules may register their own cell kinds
+    # Run through the imported module: under `python -m suite.core.cell` this file is __main__, a second
+    # copy whose CELL_KINDS the experiment modules never see.
+    record = cell.execute(payload)
+    if int(os.environ.get("RANK", 0)) == 0:
+        tmp = argv[1] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, default=str)
+        os.replace(tmp, argv[1])
+    # A failed rank must exit non-zero, or torchrun leaves its peers waiting until their timeouts.
+    return 1 if record["status"] != "ok" and int(os.environ.get("WORLD_SIZE", 1)) > 1 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""Experiment definitions: rows with the paper's values, per-profile configs, and the cells they expand to."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from suite.core import registry
+from suite.config.errors import ConfigError, did_you_mean
+from suite.config.run import RunConfig, apply_overrides, override_keys
+from suite.measure.step import METHODOLOGY_VERSION
+
+PROFILES = ("tiny", "small", "paper", "auto")
+
+
+def resolve_profile(name: str) -> str:
+    """'auto' is `paper` on a CUDA machine and `tiny` on a CPU one."""
+    if name not in PROFILES:
+        raise ConfigError(f"unknown profile {name!r}; accepted profiles: {', '.join(PROFILES)}")
+    if name == "auto":
+        return "paper" if torch.cuda.is_available() else "tiny"
+    return name
+
+
+@dataclass
+class Metric:
+    """A measured column: summary key, label, and whether the table shows a ratio to the baseline row."""
+
+    key: str
+    label: str
+    fmt: str = "{:.2f}"
+    ratio: bool = True
+    paper: bool = True  # False where the paper has no such number (a column of dashes says nothing)
+
+
+@dataclass
+class Row:
+    """One row of a paper table: the method, its overrides (method options included), display labels,
+    the paper's values, and `skip`: why the row cannot run at this profile (it stays in the table)."""
+
+    name: str
+    method: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, Any] = field(default_factory=dict)
+    paper: dict[str, float | str | None] = field(default_factory=dict)
+    skip: str | None = None
+
+
+@dataclass
+class Cell:
+    """One (row, resolved config) point of an experiment at a profile."""
+
+    experiment: str
+    row: Row
+    run: RunConfig
+    profile: str
+    kind: str = "throughput"
+    timeout: float = 600.0
+
+    def resolved(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "row": self.row.name, "profile": self.profile, "kind": self.kind,
+                "run": self.run.to_dict(), "methodology": METHODOLOGY_VERSION}
+
+    @property
+    def key(self) -> str:
+        """Hash of the fully resolved config: the cell's identity in results/runs/."""
+        blob = json.dumps(self.resolved(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Experiment:
+    """A paper table or figure: its rows per profile, the metrics, and the row ratios are taken against."""
+
+    name: str
+    title: str
+    source: str
+    metrics: list[Metric]
+    label_columns: list[str]
+    baseline: str
+    rows: Callable[[str], list[Row]]
+    base: Callable[[str], dict[str, Any]]
+    notes: str = ""
+    kind: str = "throughput"
+    timeout: Callable[[str], float] = lambda profile: 1800.0 if profile == "paper" else 600.0
+    figure: Callable | None = None
+
+    def cells(self, profile: str, only: list[str] | None = None, overrides: list[str] | None = None,
+              device_memory: str | None = None) -> list[Cell]:
+        """Expand rows into validated cells; `only` selects rows by name, `overrides` are --set pairs."""
+        profile = resolve_profile(profile)
+        rows = self.rows(profile)
+        if only:
+            names = [r.name for r in rows]
+            for o in only:
+                if o not in names:
+                    raise ConfigError(f"experiment {self.name} has no row {o!r}{did_you_mean(o, names)}; "
+                                      f"rows: {', '.join(names)}")
+            rows = [r for r in rows if r.name in only]
+        cells = []
+        for row in rows:
+            if row.skip:
+                continue
+            pairs = {**self.base(profile), **row.overrides}
+            if registry.is_registered(row.method):
+                opts = registry.get(row.method).options
+            else:  # a method still to come: keep its options unvalidated so the row records not_implemented
+                opts = {k: _Raw() for k in pairs if k not in override_keys()}
+            run = apply_overrides(RunConfig(method=row.method), pairs, opts)
+            if overrides:
+                run = apply_overrides(run, overrides, opts)
+            if device_memory is not None:
+                run.device_memory = device_memory
+            if run.device == "auto":  # resolve here so a CPU and a GPU result never share a cache key
+                run.device = "cuda" if torch.cuda.is_available() else "cpu"
+            cells.append(self.adapt(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)),
+                                    profile))
+        return cells
+
+    def adapt(self, cell: Cell, profile: str) -> Cell:
+        """Hook for what a cell needs beyond its validated run: options no method declares (a GLUE task, a
+        pre-training corpus, a projection), which `apply_overrides` would refuse, or another cell kind."""
+        return cell
+
+
+class _Raw:
+    """Stands in for the Option of a method that is not registered yet: takes the value as given."""
+
+    def parse(self, key: str, value: Any) -> Any:
+        return value
+
+
+def all_experiments() -> dict[str, Experiment]:
+    """Every module in `experiments/` that defines EXPERIMENT, by name (found by name: the engine stands below them)."""
+    experiments = importlib.import_module("experiments")
+
+    found = {}
+    for info in pkgutil.iter_modules(experiments.__path__):
+        mod = importlib.import_module(f"experiments.{info.name}")
+        exp = getattr(mod, "EXPERIMENT", None)
+        if exp is not None:
+            found[exp.name] = exp
+    return found
+
+
+def get_experiment(name: str) -> Experiment:
+    exps = all_experiments()
+    if name not in exps:
+        raise ConfigError(f"unknown experiment {name!r}{did_you_mean(name, exps)}; experiments: {', '.join(sorted(exps))}")
+    return exps[name]

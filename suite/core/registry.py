@@ -1,0 +1,131 @@
+"""The Method contract and the registry of methods by name."""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from suite.config.errors import ConfigError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Option:
+    """A method-specific setting (e.g. L2L's stash=gpu|cpu), settable with --set NAME=VALUE."""
+
+    default: Any
+    choices: tuple = ()
+    help: str = ""
+
+    def parse(self, key: str, value: Any) -> Any:
+        typ = type(self.default)
+        if isinstance(value, str) and typ is not str:
+            try:
+                value = {"true": True, "on": True, "false": False, "off": False}[value.lower()] if typ is bool \
+                    else typ(value)
+            except (KeyError, ValueError):
+                raise ConfigError(f"--set {key}={value!r}: expected {typ.__name__}") from None
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"--set {key}={value!r} is not one of {list(self.choices)}")
+        return value
+
+
+@dataclass
+class StepStats:
+    """What one optimizer step reports."""
+
+    loss: float
+    samples: int
+    skipped: bool = False
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Method(ABC):
+    """One execution method: runs all micro-batches of a minibatch and the optimizer update per step()."""
+
+    name: ClassVar[str] = ""
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    options: ClassVar[dict[str, Option]] = {}
+    # Several ranks: does each rank take a shard of the minibatch (data parallel) or all of it (pipeline
+    # stages)? And which torchrun module proves the multi-rank run equivalent (`suite check` launches it)?
+    shards_batch: ClassVar[bool] = True
+    dist_check_module: ClassVar[str | None] = None
+
+    def __init__(self, model, run, device: torch.device):
+        self.model, self.run, self.device = model, run, device
+        self.opts = {k: run.options.get(k, o.default) for k, o in self.options.items()}
+
+    @classmethod
+    def world_size(cls, run) -> int:
+        """How many ranks a cell of this method needs (launched with torchrun when > 1)."""
+        return run.ranks
+
+    @abstractmethod
+    def step(self, batch) -> StepStats:
+        """All micro-batches of `batch` plus the optimizer update."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """FP32 weights by Hugging Face name, on CPU, gathered."""
+
+    def resident_device_bytes(self) -> int:
+        """Bytes this method keeps on the device between steps (added to the CPU live-bytes tracker)."""
+        return 0
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(name: str):
+    """Class decorator adding a Method under `name`; a second method of the same name is refused."""
+    def deco(cls: type[Method]) -> type[Method]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"method name {name!r} is already registered by "
+                             f"{_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+_LOADED = False
+
+
+def load_all() -> None:
+    """Import every module of `baselines` and `methods` (and SUITE_PLUGINS) so that they register."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for pkg_name in ("baselines", "methods"):
+        pkg = importlib.import_module(pkg_name)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
+            importlib.import_module(info.name)
+    for mod in filter(None, os.environ.get("SUITE_PLUGINS", "").split(",")):
+        importlib.import_module(mod.strip())
+
+
+def names() -> list[str]:
+    load_all()
+    return sorted(_REGISTRY)
+
+
+def is_registered(name: str) -> bool:
+    load_all()
+    return name in _REGISTRY
+
+
+def get(name: str) -> type[Method]:
+    """The Method class called `name`; a typo gets the closest names."""
+    load_all()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown method {name!r}{did_you_mean(name, _REGISTRY)}; registered methods: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]

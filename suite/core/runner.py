@@ -1,0 +1,117 @@
+"""Runs an experiment's cells, each in a fresh process, and caches their records by config hash."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from suite.core import registry
+from suite.config import paths
+from suite.records import store
+from suite.records import tracking
+from suite.core.experiment import Cell, Experiment, resolve_profile
+
+
+def _command(cell: Cell, cfg_path: str, out_path: str) -> list[str]:
+    world = registry.get(cell.run.method).world_size(cell.run)
+    if world > 1:  # torchrun also spans several machines when launched there
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                "-m", "suite.core.cell", cfg_path, out_path]
+    return [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
+
+
+def run_cell(cell: Cell, timeout: float | None = None) -> dict:
+    """Run one cell in a subprocess; returns its record with exactly one status."""
+    timeout = cell.timeout if timeout is None else timeout
+    with tempfile.TemporaryDirectory(prefix="suite-cell-") as tmp:
+        cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
+        with open(cfg_path, "w") as f:
+            json.dump(cell.resolved(), f, default=str)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [paths.ROOT, os.environ.get("PYTHONPATH")]))}
+        # One OpenMP team per core across the cell's ranks: oversubscribed teams spin and can make a
+        # small CPU step tens of times slower. An explicit OMP_NUM_THREADS wins.
+        world = registry.get(cell.run.method).world_size(cell.run)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+        with open(log_path, "w") as log:
+            # A new session so that a timeout kills the cell and every rank it started.
+            proc = subprocess.Popen(_command(cell, cfg_path, out_path), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, cwd=paths.ROOT, start_new_session=True)
+            status = None
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+            except KeyboardInterrupt:
+                status = "error: interrupted"
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        log_tail = Path(log_path).read_text(errors="replace")[-4000:]
+        if status is None and os.path.exists(out_path):
+            with open(out_path) as f:
+                return json.load(f)
+        if status is None:
+            status = f"error: cell process exited with code {proc.returncode} without a record"
+            if proc.returncode and proc.returncode < 0 and -proc.returncode == signal.SIGKILL:
+                status = "oom"  # killed by the kernel's OOM killer
+        return {"status": status, "metrics": {}, "error": log_tail, "provenance": None}
+
+
+def variant_of(overrides: list[str] | None, device_memory: str | None) -> str:
+    """What makes a run differ from the experiment's default at its profile (empty for the default)."""
+    parts = [f"device_memory={device_memory}"] if device_memory else []
+    return ", ".join(parts + [f"set {o}" for o in overrides or []])
+
+
+def run_cells(exp: Experiment, profile: str = "auto", only: list[str] | None = None, force: bool = False,
+              device_memory: str | None = None, overrides: list[str] | None = None, wandb_mode: str | None = None,
+              results_dir: Path | None = None, timeout: float | None = None,
+              progress=print) -> tuple[list[Cell], list[dict]]:
+    """Run (or reuse) every cell of `exp`, write one record and one W&B run per cell; returns (cells, records).
+
+    The tables are the face's to render (suite.sweep): the engine stands below the reports."""
+    results_dir = Path(results_dir or paths.RESULTS_DIR)
+    profile = resolve_profile(profile)
+    mode = tracking.resolve_mode(wandb_mode)
+    cells = exp.cells(profile, only, overrides, device_memory)
+    variant = variant_of(overrides, device_memory)
+    records = []
+    for i, cell in enumerate(cells, 1):
+        tag = f"[{i}/{len(cells)}] {exp.name}/{cell.row.name} ({cell.row.method}, {profile})"
+        cached = store.load(results_dir, cell.key)
+        if cached and cached["status"] in store.FINISHED and not force:
+            progress(f"{tag}: {cached['status']} (cached, {cell.key})")
+            records.append(cached)
+            continue
+        started = time.time()
+        if not registry.is_registered(cell.row.method):
+            record = {"status": "not_implemented", "metrics": {},
+                      "error": f"method {cell.row.method!r} is not registered yet", "provenance": None}
+        else:
+            progress(f"{tag}: running ...")
+            record = run_cell(cell, timeout)
+        record.update(key=cell.key, experiment=exp.name, row=cell.row.name, method=cell.row.method,
+                      profile=profile, device_type=cell.run.device, variant=variant, config=cell.resolved(),
+                      finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        store.save(results_dir, cell.key, record)
+        m = record.get("metrics") or {}
+        shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
+        progress(f"{tag}: {record['status']} in {time.time() - started:.1f}s{'; ' + shown if shown else ''}")
+        try:
+            record["wandb_dir"] = tracking.log_cell(
+                experiment=exp.name, row=cell.row.name, method=cell.row.method, config=cell.resolved(),
+                provenance=record.get("provenance") or {}, summary=m, status=record["status"], mode=mode)
+            store.save(results_dir, cell.key, record)
+        except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
+            progress(f"{tag}: W&B logging failed: {exc}")
+        records.append(record)
+        if record["status"] == "error: interrupted":
+            raise KeyboardInterrupt
+    return cells, records

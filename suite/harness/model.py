@@ -1,0 +1,150 @@
+"""The layered view of a Hugging Face model (embed, blocks, head) through which every method runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from suite.harness import rng
+from suite.config.run import ModelConfig
+from suite.harness.data import MicroBatch
+
+ATTN_IMPL = "suite_keyed"
+
+
+def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Scaled dot-product attention whose probability dropout draws a keyed mask.
+
+    Without dropout it defers to transformers' SDPA kernel; with dropout it computes the eager
+    path (SDPA cannot take an external dropout mask).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if dropout == 0.0 or not module.training:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=0.0, **kwargs)
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = rng.keyed_dropout(probs, dropout, True)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPL, _keyed_attention)
+
+
+@dataclass
+class LayerContext:
+    """Per-micro-batch state every layer call needs: its key, mask, labels and loss divisor."""
+
+    seed: int
+    step: int
+    offset: int
+    mask: torch.Tensor | None
+    mb: MicroBatch
+    denom: int
+    logits: torch.Tensor | None = None
+
+
+class LayeredModel(nn.Module):
+    """A model as an ordered list of layers: layer 0 embeds, 1..L are blocks, L+1 is the head.
+
+    `forward_layer` is the one place a layer is called; its `module` argument lets a method run a
+    copy of the layer (a device slot, a 16-bit replica) with the same semantics and keys.
+    """
+
+    def __init__(self, hf: nn.Module, cfg: ModelConfig, family):
+        super().__init__()
+        self.hf = hf
+        self.cfg = cfg
+        self.family = family
+        self.layers = nn.ModuleList(family.split(hf))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_named_parameters(self, index: int) -> list[tuple[str, nn.Parameter]]:
+        """(Hugging Face name, parameter) pairs of one layer, so results are keyed by HF names."""
+        by_id = {id(p): n for n, p in self.hf.named_parameters()}
+        return [(by_id[id(p)], p) for p in self.layers[index].parameters()]
+
+    def gradient_free(self) -> set[str]:
+        """Parameters whose gradient is zero in exact arithmetic (a key bias shifts every score of a query
+        equally, and softmax ignores that), so their trajectory under Adam-type optimizers is rounding noise."""
+        return self.family.gradient_free(self.hf)
+
+    def begin(self, mb: MicroBatch, seed: int, step: int, denom: int) -> LayerContext:
+        """Per-micro-batch context; the family builds the attention mask (None when nothing is padded)."""
+        return LayerContext(seed, step, mb.offset, self.family.mask(mb), mb, denom)
+
+    def forward_layer(self, index: int, x, ctx: LayerContext, module: nn.Module | None = None):
+        """Run layer `index` (or a stand-in `module`) under the key (seed, step, layer, sample offset).
+
+        Layer 0 takes the micro-batch; blocks take and return hidden states; the head returns the
+        micro-batch's share of the minibatch loss (sum / denom) and keeps its logits in ctx.
+        """
+        module = self.layers[index] if module is None else module
+        with rng.keyed(ctx.seed, ctx.step, index, ctx.offset):
+            if index == 0:
+                return self.family.embed(module, ctx)
+            if index == self.num_layers - 1:
+                loss, logits = module(x, ctx.mb.labels, ctx.denom)
+                ctx.logits = logits.detach()
+                return loss
+            return self.family.block(module, x, ctx)
+
+    def forward_micro_batch(self, ctx: LayerContext, recompute: bool = False) -> torch.Tensor:
+        """All layers in order for one micro-batch; returns its share of the loss.
+
+        With `recompute`, each block keeps only its input and is recomputed in the backward
+        (torch.utils.checkpoint); the keyed masks make the recompute exact.
+        """
+        x = ctx.mb
+        for i in range(self.num_layers):
+            if recompute and 0 < i < self.num_layers - 1:
+                x = torch.utils.checkpoint.checkpoint(self.forward_layer, i, x, ctx, use_reentrant=False)
+            else:
+                x = self.forward_layer(i, x, ctx)
+        return x
+
+
+def _keyed_dropouts(module: nn.Module) -> None:
+    """Replace every nn.Dropout with a KeyedDropout of the same rate."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Dropout):
+            setattr(module, name, rng.KeyedDropout(child.p))
+        else:
+            _keyed_dropouts(child)
+
+
+def build_model(cfg: ModelConfig, seed: int) -> LayeredModel:
+    """Build (random init from `seed`) or load (cfg.pretrained) the model and wrap it in the layered view."""
+    from suite.harness.families import FAMILIES
+
+    _register_attention()
+    cfg = cfg.resolved()
+    family = FAMILIES[cfg.family]
+    torch.manual_seed(seed)  # random init, or the new head of a pretrained model
+    hf = family.build(cfg, ATTN_IMPL)
+    _keyed_dropouts(hf)
+    hf.train()
+    return LayeredModel(hf, cfg, family)
+
+
+def plain_copy(model: LayeredModel, attn_implementation: str = "sdpa") -> nn.Module:
+    """The same weights in an unmodified Hugging Face model (stock dropout and attention): the reference
+    for the layered view's correctness and overhead."""
+    import copy
+
+    # A copy of the config: _from_config would otherwise switch the layered model's attention too.
+    plain = type(model.hf)._from_config(copy.deepcopy(model.hf.config), attn_implementation=attn_implementation)
+    plain.load_state_dict(model.hf.state_dict())
+    return plain.train(model.training)

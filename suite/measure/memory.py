@@ -1,0 +1,68 @@
+"""Memory: a live-bytes tracker standing in for CUDA's allocator counters on CPU, the device cap, host peaks."""
+from __future__ import annotations
+
+import resource
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from suite.config.sizes import parse_size
+
+
+class LiveBytesTracker(TorchDispatchMode):
+    """Follows every storage allocated while active (views share a storage and are not counted twice).
+
+    A stand-in for CUDA's allocator statistics on CPU, so that memory-versus-depth claims can be
+    tested without a GPU; `limit` makes it raise an out-of-memory error past a byte budget.
+    """
+
+    def __init__(self, limit: int | None = None, base: int = 0):
+        super().__init__()
+        self.limit, self.base = limit, base
+        self.live = 0
+        self.peak = 0
+        self._seen: dict[int, int] = {}
+
+    def _release(self, key: int) -> None:
+        self.live -= self._seen.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # Views and in-place ops return an input's storage: not an allocation, even when that
+        # storage predates the tracker (a weight, a preallocated buffer).
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and not t.is_sparse}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse:
+                st = t.untyped_storage()
+                key = st._cdata
+                if key not in self._seen and key not in inputs and st.nbytes() > 0:
+                    self._seen[key] = st.nbytes()
+                    self.live += st.nbytes()
+                    weakref.finalize(st, self._release, key)
+        self.peak = max(self.peak, self.live)
+        if self.limit is not None and self.base + self.live > self.limit:
+            raise torch.OutOfMemoryError(
+                f"CPU live-bytes tracker: {self.base + self.live} bytes exceed the --device-memory cap "
+                f"of {self.limit} bytes")
+        return out
+
+
+def apply_device_memory_cap(size: str | None, device: torch.device) -> int | None:
+    """Cap the CUDA caching allocator at `size` bytes (a smaller GPU on a big one); returns the cap."""
+    if size is None:
+        return None
+    cap = parse_size(size)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if cap > total:
+            raise ValueError(f"--device-memory {size} exceeds the device's {total / 2**30:.1f} GiB")
+        torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    return cap
+
+
+def host_peak_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

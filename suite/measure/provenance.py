@@ -1,0 +1,56 @@
+"""Provenance recorded with every result: code version, library versions, hardware, cap, profile."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+
+import torch
+
+from suite.config.paths import ROOT
+from suite.measure.step import METHODOLOGY_VERSION
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"device": props.name, "device_memory_gb": props.total_memory / 1e9,
+                "device_count": torch.cuda.device_count()}
+    return {"device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+            "device_memory_gb": None, "device_count": 1}
+
+
+def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
+    """Everything needed to tell where and how a number was obtained."""
+    commit = _git("rev-parse", "HEAD")
+    return {
+        "commit": commit or None,
+        # Code paths only, untracked files included: results/ changes as runs land and is not code.
+        "dirty": bool(_git("status", "--porcelain", "--", "suite", "baselines", "methods", "experiments",
+                           "pyproject.toml")) if commit else None,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+        **device_info(device),
+        "device_memory_cap_gb": cap / 1e9 if cap else None,
+        "profile": profile,
+        "methodology": METHODOLOGY_VERSION,
+        "threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,85 @@
+"""Measure a method's steps: warm-up, timed steps (median kept), device and host memory peaks."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from suite.harness.device import synchronize
+from suite.measure.memory import LiveBytesTracker, host_peak_bytes
+
+METHODOLOGY_VERSION = "1"
+
+
+@dataclass
+class Measurement:
+    """Numbers of one cell: timing over the timed steps and memory peaks."""
+
+    step_times: list[float] = field(default_factory=list)
+    samples_per_step: int = 0
+    device_memory_kind: str = ""
+    device_peak_allocated: int = 0
+    device_peak_reserved: int = 0
+    host_peak: int = 0
+    pinned_host_peak: int = 0
+    losses: list[float] = field(default_factory=list)
+    skipped_steps: int = 0
+
+    def summary(self) -> dict[str, float | int | str]:
+        med = statistics.median(self.step_times)
+        return {
+            "throughput": self.samples_per_step / med,
+            "step_time_median": med,
+            "step_time_min": min(self.step_times),
+            "step_time_max": max(self.step_times),
+            "timed_steps": len(self.step_times),
+            "samples_per_step": self.samples_per_step,
+            "memory_gb": self.device_peak_allocated / 1e9,
+            "memory_reserved_gb": self.device_peak_reserved / 1e9,
+            "memory_kind": self.device_memory_kind,
+            "device_peak_allocated": self.device_peak_allocated,
+            "device_peak_reserved": self.device_peak_reserved,
+            "host_peak_gb": self.host_peak / 1e9,
+            "pinned_host_peak_gb": self.pinned_host_peak / 1e9,
+            "final_loss": self.losses[-1] if self.losses else float("nan"),
+            "skipped_steps": self.skipped_steps,
+        }
+
+
+def measure(method, batches, warmup: int, steps: int, device: torch.device, cap: int | None = None) -> Measurement:
+    """Warm up, time `steps` steps (median kept), and record device and host memory peaks.
+
+    On CUDA the peaks cover warm-up and timed steps. On CPU one extra step runs under the
+    live-bytes tracker (untimed: the tracker slows every op) on top of the method's resident bytes.
+    """
+    m = Measurement()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(warmup):
+        method.step(next(batches))
+    for _ in range(steps):
+        batch = next(batches)
+        synchronize(device)
+        t0 = time.perf_counter()
+        stats = method.step(batch)
+        synchronize(device)
+        m.step_times.append(time.perf_counter() - t0)
+        m.samples_per_step = stats.samples
+        m.losses.append(stats.loss)
+        m.skipped_steps += int(stats.skipped)
+    if device.type == "cuda":
+        m.device_memory_kind = "cuda peak allocated/reserved"
+        m.device_peak_allocated = torch.cuda.max_memory_allocated(device)
+        m.device_peak_reserved = torch.cuda.max_memory_reserved(device)
+        if hasattr(torch.cuda, "host_memory_stats"):
+            m.pinned_host_peak = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    else:
+        resident = method.resident_device_bytes()
+        with LiveBytesTracker(limit=cap, base=resident) as tracker:
+            method.step(next(batches))
+        m.device_memory_kind = "cpu live-bytes tracker (resident + step peak)"
+        m.device_peak_allocated = m.device_peak_reserved = resident + tracker.peak
+    m.host_peak = host_peak_bytes()
+    return m

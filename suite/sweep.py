@@ -1,0 +1,30 @@
+"""Regenerate one experiment: run (or reuse) its cells, then write its tables, figure and W&B table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from suite.config import paths
+from suite.core.experiment import Experiment
+from suite.core.runner import run_cells
+from suite.records import tracking
+from suite.report import tables
+
+
+def sweep(exp: Experiment, profile: str = "auto", only: list[str] | None = None, force: bool = False,
+          device_memory: str | None = None, overrides: list[str] | None = None, wandb_mode: str | None = None,
+          results_dir: Path | None = None, timeout: float | None = None, progress=print) -> list[dict]:
+    """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records."""
+    results_dir = Path(results_dir or paths.RESULTS_DIR)
+    cells, records = run_cells(exp, profile, only, force, device_memory, overrides, wandb_mode, results_dir,
+                               timeout, progress)
+    md_path, csv_path = tables.write_tables(exp, results_dir)
+    progress(f"wrote {md_path} and {csv_path}")
+    if exp.figure is not None:
+        for path in exp.figure(exp, results_dir):
+            progress(f"wrote {path}")
+    cols, rows = tables.table_rows(exp, cells, records)
+    try:
+        tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=tracking.resolve_mode(wandb_mode))
+    except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
+        progress(f"W&B table logging failed: {exc}")
+    return records
