@@ -29,7 +29,7 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)

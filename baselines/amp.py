@@ -1,4 +1,5 @@
 """AMP: gradient accumulation under torch.autocast, fp16 with dynamic loss scaling or bf16."""
+
 from __future__ import annotations
 
 from baselines.grad_accum import GradAccum

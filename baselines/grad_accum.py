@@ -1,13 +1,14 @@
 """AG: gradient accumulation over micro-batches in FP32, the reference every method is checked against."""
+
 from __future__ import annotations
 
 import torch
 
+from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
 from suite.harness.device import autocast
 from suite.harness.loss_scale import DynamicLossScaler
 from suite.harness.optim import LayerwiseOptimizer
-from suite.core.registry import Method, Option, StepStats, register
 
 
 @register("grad_accum")
@@ -43,8 +44,9 @@ class GradAccum(Method):
                 torch.nn.utils.clip_grad_norm_(self.params, self.run.clip_grad_norm)
             self.opt.step(self.step_count)
         self.step_count += 1
-        return StepStats(loss=float(total), samples=batch.size, skipped=skipped,
-                         extra={"loss_scale": self.scaler.scale})
+        return StepStats(
+            loss=float(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
+        )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().cpu().clone() for named in self.layer_params for n, p in named}

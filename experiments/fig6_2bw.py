@@ -1,4 +1,5 @@
 """2BW paper Figure 6: throughput of GPipe, PipeDream-Flush, 2BW (and inter-layer MP) at a low and a high batch."""
+
 from __future__ import annotations
 
 from experiments import pipedream_figs as pf
@@ -24,33 +25,53 @@ def rows(profile: str):
         for batch in batches:
             for system in (*METHODS, "mp"):
                 paper = PAPER.get((model, batch, system))
-                out.append(pf.projected(f"projected-{model}-{system}-B{batch}", system, model, d, w, batch,
-                                        paper={"throughput": paper} if paper else None))
+                out.append(
+                    pf.projected(
+                        f"projected-{model}-{system}-B{batch}",
+                        system,
+                        model,
+                        d,
+                        w,
+                        batch,
+                        paper={"throughput": paper} if paper else None,
+                    )
+                )
     return out
 
 
 def figure(exp, results_dir):
-    return pf.grouped_bars(exp, results_dir, "throughput", "samples/s", relative_to="GPipe",
-                           paper="2BW up to 1.6x Flush at low batch, 1.15x at 2048; 2BW up to 3.2x GPipe; "
-                                 "Flush 2.1x / 3x GPipe at low / high batch; 2BW up to 6.1x inter-layer MP")
+    return pf.grouped_bars(
+        exp,
+        results_dir,
+        "throughput",
+        "samples/s",
+        relative_to="GPipe",
+        paper="2BW up to 1.6x Flush at low batch, 1.15x at 2048; 2BW up to 3.2x GPipe; "
+        "Flush 2.1x / 3x GPipe at low / high batch; 2BW up to 6.1x inter-layer MP",
+    )
 
 
 EXPERIMENT = pf.FigureExperiment(
     name="2bw-fig6",
-    title=("2BW paper Figure 6: throughput of GPipe, PipeDream-Flush, PipeDream-2BW and inter-layer MP "
-           "at two batch sizes"),
+    title=(
+        "2BW paper Figure 6: throughput of GPipe, PipeDream-Flush, PipeDream-2BW and inter-layer MP at two batch sizes"
+    ),
     source="PipeDream-2BW paper (pipedream-2bw.txt) §5.2, Figure 6: GPT 2.2B on 8 and 3.8B on 64 V100-16GB, seq 512",
-    metrics=[Metric("throughput", "samples/s", "{:.3g}", ratio=False),
-             Metric("b", "micro-batch (planner's pick)", "{:.0f}", ratio=False, paper=False),
-             Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False)],
+    metrics=[
+        Metric("throughput", "samples/s", "{:.3g}", ratio=False),
+        Metric("b", "micro-batch (planner's pick)", "{:.0f}", ratio=False, paper=False),
+        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False),
+    ],
     label_columns=pf.LABELS,
     baseline="measured-gpipe-m2",
     rows=rows,
     base=pf.base,
     figure=figure,
-    notes=(pf.ASSUMPTIONS + "All rows use activation recomputation, as the paper's Figure 6. Projected rows let "
-           "the planner pick the fastest micro-batch size that fits 16 GB (the paper: the largest that fits) for "
-           "each system at the global batch; inter-layer MP runs one micro-batch through the d stages at a time. "
-           "Measured rows: d=2 ranks, micro-batches of 4, m=2 (batch 8) and m=16 (batch 64). The paper's "
-           "column holds its stated ratios (§5.2); the figure labels each bar with its ratio to GPipe."),
+    notes=(
+        pf.ASSUMPTIONS + "All rows use activation recomputation, as the paper's Figure 6. Projected rows let "
+        "the planner pick the fastest micro-batch size that fits 16 GB (the paper: the largest that fits) for "
+        "each system at the global batch; inter-layer MP runs one micro-batch through the d stages at a time. "
+        "Measured rows: d=2 ranks, micro-batches of 4, m=2 (batch 8) and m=16 (batch 64). The paper's "
+        "column holds its stated ratios (§5.2); the figure labels each bar with its ratio to GPipe."
+    ),
 )

@@ -1,10 +1,11 @@
 """2BW paper Figure 8: throughput of 2BW configurations (d, b) against the global batch size."""
+
 from __future__ import annotations
 
 from experiments import pipedream_figs as pf
 from suite.core.experiment import Metric
 
-MEASURED = ((2, 2), (2, 8))          # (d, b) on 2 ranks
+MEASURED = ((2, 2), (2, 8))  # (d, b) on 2 ranks
 MEASURED_BATCHES = (16, 32, 64)
 PROJECTED = ((8, 32), (8, 16), (4, 8))  # (d, b) on 64 V100s, w = 64 / d
 PROJECTED_BATCHES = (512, 1024, 2048, 4096)
@@ -17,13 +18,26 @@ def _paper(d: int, b: int, batch: int) -> dict | None:
 
 
 def rows(profile: str):
-    out = [pf.measured(f"measured-d{d}-b{b}-B{batch}", "pipedream-2bw", d, 1, b, batch // b, False, config=f"({d},{b})")
-           for d, b in MEASURED for batch in MEASURED_BATCHES]
+    out = [
+        pf.measured(f"measured-d{d}-b{b}-B{batch}", "pipedream-2bw", d, 1, b, batch // b, False, config=f"({d},{b})")
+        for d, b in MEASURED
+        for batch in MEASURED_BATCHES
+    ]
     for d, b in PROJECTED:
         w = 64 // d
         for batch in PROJECTED_BATCHES:
-            row = pf.projected(f"projected-d{d}-b{b}-B{batch}", "pipedream-2bw", "1.3B", d, w, batch, True, b=b,
-                               paper=_paper(d, b, batch), config=f"({d},{b})")
+            row = pf.projected(
+                f"projected-d{d}-b{b}-B{batch}",
+                "pipedream-2bw",
+                "1.3B",
+                d,
+                w,
+                batch,
+                True,
+                b=b,
+                paper=_paper(d, b, batch),
+                config=f"({d},{b})",
+            )
             if batch // (b * w) < d:
                 row.skip = f"m = {batch // (b * w)} < d = {d}: 2BW needs d micro-batches in flight per replica"
             out.append(row)
@@ -37,15 +51,19 @@ def figure(exp, results_dir):
     cells, records, fig, axes = drawn
     for ax, src in zip(axes[0], ("measured", "projected")):
         for cfg in dict.fromkeys(c.row.labels["config"] for c in cells if c.row.labels["source"] == src):
-            pts = [(c.row.labels["batch"], r["metrics"]["throughput"]) for c, r in zip(cells, records)
-                   if c.row.labels["source"] == src and c.row.labels["config"] == cfg and r and r["status"] == "ok"]
+            pts = [
+                (c.row.labels["batch"], r["metrics"]["throughput"])
+                for c, r in zip(cells, records)
+                if c.row.labels["source"] == src and c.row.labels["config"] == cfg and r and r["status"] == "ok"
+            ]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=f"(d, b) = {cfg}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch size")
         ax.set_ylabel("samples/s")
-        ax.set_title(f"{src}" + (": tiny BERT, 2 CPU ranks" if src == "measured" else ": GPT-1.3B, 64 V100s"),
-                     fontsize=9)
+        ax.set_title(
+            f"{src}" + (": tiny BERT, 2 CPU ranks" if src == "measured" else ": GPT-1.3B, 64 V100s"), fontsize=9
+        )
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(exp.title + "\npaper: throughput rises with batch; at d=8, b=32 beats the smaller b", fontsize=9)
@@ -57,15 +75,19 @@ EXPERIMENT = pf.FigureExperiment(
     name="2bw-fig8",
     title="2BW paper Figure 8: throughput of PipeDream-2BW (d, b) configurations against global batch size",
     source="PipeDream-2BW paper (pipedream-2bw.txt) §5.4, Figure 8: GPT 1.3B on 64 V100-16GB, seq 512",
-    metrics=[Metric("throughput", "samples/s", "{:.3g}", ratio=False),
-             Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False)],
+    metrics=[
+        Metric("throughput", "samples/s", "{:.3g}", ratio=False),
+        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False),
+    ],
     label_columns=[*pf.LABELS, "config"],
     baseline="measured-d2-b2-B16",
     rows=rows,
     base=pf.base,
     figure=figure,
-    notes=(pf.ASSUMPTIONS + "Projected rows: 2BW with recomputation, w = 64 / d; a (d, b) needs batch >= d b w "
-           "(m >= d), so (8, 32) starts at 2048. Paper (§5.4): throughput rises with the batch (less all-reduce "
-           "per sample), most where replicas talk across servers; at d=8 the larger micro-batch (b=32) is faster, "
-           "and smaller depths cannot fit it. Measured rows: 2BW on d=2 ranks without recomputation, b=2 and b=8."),
+    notes=(
+        pf.ASSUMPTIONS + "Projected rows: 2BW with recomputation, w = 64 / d; a (d, b) needs batch >= d b w "
+        "(m >= d), so (8, 32) starts at 2048. Paper (§5.4): throughput rises with the batch (less all-reduce "
+        "per sample), most where replicas talk across servers; at d=8 the larger micro-batch (b=32) is faster, "
+        "and smaller depths cannot fit it. Measured rows: 2BW on d=2 ranks without recomputation, b=2 and b=8."
+    ),
 )

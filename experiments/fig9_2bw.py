@@ -1,11 +1,12 @@
 """2BW paper Figure 9: the largest model 2BW fits against pipeline depth under a per-device memory cap."""
+
 from __future__ import annotations
 
 import dataclasses
 
 from experiments import pipedream_figs as pf
-from suite.core import registry
 from suite.config.run import RunConfig, apply_overrides
+from suite.core import registry
 from suite.core.experiment import Metric
 
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -21,11 +22,26 @@ MEASURED_B, MEASURED_BATCH = 4, 16
 
 
 def _wide(d: int) -> pf.ProjectedRow:
-    row = pf.projected(f"projected-d{d}", "pipedream-2bw", "2.2B", d, 64 // d, 64, True, b=1,  # batch b m w = 64
-                       projection={"search": "max_layers"},
-                       paper={"max_params_billion": "almost 30 (d=64)"} if d == 64 else None)
-    row.overrides.update({"model.layers": WIDE["blocks"], "model.hidden": WIDE["hidden"], "model.heads": WIDE["heads"],
-                          "model.intermediate": 4 * WIDE["hidden"]})
+    row = pf.projected(
+        f"projected-d{d}",
+        "pipedream-2bw",
+        "2.2B",
+        d,
+        64 // d,
+        64,
+        True,
+        b=1,  # batch b m w = 64
+        projection={"search": "max_layers"},
+        paper={"max_params_billion": "almost 30 (d=64)"} if d == 64 else None,
+    )
+    row.overrides.update(
+        {
+            "model.layers": WIDE["blocks"],
+            "model.hidden": WIDE["hidden"],
+            "model.heads": WIDE["heads"],
+            "model.intermediate": 4 * WIDE["hidden"],
+        }
+    )
     row.labels.update(model="GPT h4096 (blocks grow)")
     return row
 
@@ -34,12 +50,30 @@ def _profile_row(d: int, w: int, cap: str = TINY_CAP) -> pf.ProjectedRow:
     """The prediction from this machine's measured per-layer profile under the profile's cap."""
     m = MEASURED_BATCH // (MEASURED_B * w)
     return pf.ProjectedRow(
-        f"predicted-d{d}-w{w}", "pipedream-2bw",
-        {"stages": d, "width": w, "recompute": False, "micro_batch_size": MEASURED_B, "num_micro_batches": m * w,
-         "device_memory": cap},
-        {"source": "measured profile", "system": pf.SYSTEM["pipedream-2bw"], "model": "tiny BERT (blocks grow)",
-         "d": d, "w": w, "b": MEASURED_B, "m": m, "batch": MEASURED_BATCH, "recompute": "off", "cap": cap},
-        projection={"spec": "measured", "method": "pipedream-2bw", "search": "max_layers"})
+        f"predicted-d{d}-w{w}",
+        "pipedream-2bw",
+        {
+            "stages": d,
+            "width": w,
+            "recompute": False,
+            "micro_batch_size": MEASURED_B,
+            "num_micro_batches": m * w,
+            "device_memory": cap,
+        },
+        {
+            "source": "measured profile",
+            "system": pf.SYSTEM["pipedream-2bw"],
+            "model": "tiny BERT (blocks grow)",
+            "d": d,
+            "w": w,
+            "b": MEASURED_B,
+            "m": m,
+            "batch": MEASURED_BATCH,
+            "recompute": "off",
+            "cap": cap,
+        },
+        projection={"spec": "measured", "method": "pipedream-2bw", "search": "max_layers"},
+    )
 
 
 def predicted_max(profile: str, d: int, w: int) -> int:
@@ -64,14 +98,27 @@ def rows(profile: str):
             out[-1].skip = f"no prediction: {exc}"
             continue
         # Capped runs around the prediction, and one uncapped at it: its worst rank against the predicted bytes.
-        for blocks, cap, expect in ((n - 1, cap_p, "fits"), (n, cap_p, "fits"), (n + 2, cap_p, "oom"),
-                                    (n, None, "measures")):
+        for blocks, cap, expect in (
+            (n - 1, cap_p, "fits"),
+            (n, cap_p, "fits"),
+            (n + 2, cap_p, "oom"),
+            (n, None, "measures"),
+        ):
             if blocks < d:
                 continue
-            row = pf.measured(f"measured-d{d}-w{w}-L{blocks}" + ("" if cap else "-nocap"), "pipedream-2bw", d, w,
-                              MEASURED_B, MEASURED_BATCH // (MEASURED_B * w), False,
-                              extra={"model.layers": blocks, "device_memory": cap},
-                              paper={"max_layers": f"predicted {n}: {expect}"}, cap=cap or "none", blocks=blocks)
+            row = pf.measured(
+                f"measured-d{d}-w{w}-L{blocks}" + ("" if cap else "-nocap"),
+                "pipedream-2bw",
+                d,
+                w,
+                MEASURED_B,
+                MEASURED_BATCH // (MEASURED_B * w),
+                False,
+                extra={"model.layers": blocks, "device_memory": cap},
+                paper={"max_layers": f"predicted {n}: {expect}"},
+                cap=cap or "none",
+                blocks=blocks,
+            )
             out.append(row)
     return out
 
@@ -82,8 +129,11 @@ def figure(exp, results_dir):
         return []
     cells, records, fig, axes = drawn
     ax = axes[0][0]
-    pts = [(c.row.labels["d"], r["metrics"]["max_params_billion"]) for c, r in zip(cells, records)
-           if c.row.labels["source"] == "projected" and r and r["status"] == "ok"]
+    pts = [
+        (c.row.labels["d"], r["metrics"]["max_params_billion"])
+        for c, r in zip(cells, records)
+        if c.row.labels["source"] == "projected" and r and r["status"] == "ok"
+    ]
     if pts:
         ax.plot(*zip(*pts), marker="o", label="ours: planner memory model")
     ax.plot([64], [30], marker="*", ms=12, ls="", color="tab:red", label="paper: almost 30B at d=64")
@@ -101,8 +151,10 @@ def figure(exp, results_dir):
             values.append(r["metrics"]["max_layers"])
         elif c.row.labels["source"] == "measured":
             capped = c.row.labels["cap"] != "none"
-            labels.append(f"d{c.row.labels['d']}w{c.row.labels['w']} L{c.row.labels['blocks']}: "
-                          f"{'' if capped else 'no cap, '}{(r or {}).get('status', 'not run')}")
+            labels.append(
+                f"d{c.row.labels['d']}w{c.row.labels['w']} L{c.row.labels['blocks']}: "
+                f"{'' if capped else 'no cap, '}{(r or {}).get('status', 'not run')}"
+            )
             colors.append("tab:gray" if not capped else "tab:green" if r and r["status"] == "ok" else "tab:red")
             values.append(c.row.labels["blocks"])
     ax.bar(range(len(values)), values, color=colors)
@@ -119,19 +171,24 @@ EXPERIMENT = pf.FigureExperiment(
     name="2bw-fig9",
     title="2BW paper Figure 9: largest model 2BW fits against pipeline depth (64 GPUs, 16 GB each)",
     source="PipeDream-2BW paper (pipedream-2bw.txt) §5.5, Figure 9: 64 V100-16GB, up to almost 30B parameters at d=64",
-    metrics=[Metric("max_layers", "largest blocks", "{:.0f}", ratio=False),
-             Metric("max_params_billion", "largest model (B params)", "{:.3g}", ratio=False),
-             Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False)],
+    metrics=[
+        Metric("max_layers", "largest blocks", "{:.0f}", ratio=False),
+        Metric("max_params_billion", "largest model (B params)", "{:.3g}", ratio=False),
+        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False),
+    ],
     label_columns=[*pf.LABELS, "cap", "blocks"],
     baseline="projected-d1",
     rows=rows,
     base=pf.base,
     figure=figure,
-    notes=(pf.ASSUMPTIONS + "Projected rule (ours; the paper does not say how it grew its models): hidden 4096, "
-           "32 heads, sequence 512, vocab 51200, whole blocks added until 2BW's worst stage (two weight versions, "
-           "recomputation, b=1, m=d, w=64/d) passes 16 GB. Measured: the planner's stage memory on this host's "
-           f"measured per-layer profile (cached_profile of the 4-block tiny BERT, its middle block repeated) "
-           f"predicts the most blocks under a cap ({', '.join(f'{k} {v}' for k, v in CAPS.items())}) for d x w = 2 ranks; real 2BW runs at that count "
-           "one less and two more check it (the CPU live-bytes tracker raises OOM past the cap on a rank); an "
-           "uncapped run at the predicted count gives the measured worst rank beside the predicted worst stage."),
+    notes=(
+        pf.ASSUMPTIONS + "Projected rule (ours; the paper does not say how it grew its models): hidden 4096, "
+        "32 heads, sequence 512, vocab 51200, whole blocks added until 2BW's worst stage (two weight versions, "
+        "recomputation, b=1, m=d, w=64/d) passes 16 GB. Measured: the planner's stage memory on this host's "
+        f"measured per-layer profile (cached_profile of the 4-block tiny BERT, its middle block repeated) "
+        f"predicts the most blocks under a cap ({', '.join(f'{k} {v}' for k, v in CAPS.items())}) "
+        "for d x w = 2 ranks; real 2BW runs at that count "
+        "one less and two more check it (the CPU live-bytes tracker raises OOM past the cap on a rank); an "
+        "uncapped run at the predicted count gives the measured worst rank beside the predicted worst stage."
+    ),
 )

@@ -1,4 +1,5 @@
 """L2L paper Figure 4: dev-score curves while fine-tuning each GLUE task, baseline against L2L, FP32 and 16-bit."""
+
 from __future__ import annotations
 
 import re
@@ -7,8 +8,10 @@ from pathlib import Path
 from suite.tasks import metrics
 
 # Panel rows: which table rows share a panel, and how each is drawn.
-PANELS = (("FP32", (("baseline-fp32", "AG (FP32)", "C0", "-"), ("l2l-fp32", "L2L (FP32)", "C3", "--"))),
-          ("16-bit", (("baseline-amp", "AG + AMP", "C0", "-"), ("l2l-cmp", "L2L-CMP", "C3", "--"))))
+PANELS = (
+    ("FP32", (("baseline-fp32", "AG (FP32)", "C0", "-"), ("l2l-fp32", "L2L (FP32)", "C3", "--"))),
+    ("16-bit", (("baseline-amp", "AG + AMP", "C0", "-"), ("l2l-cmp", "L2L-CMP", "C3", "--"))),
+)
 
 
 def _curves(cells, records) -> dict[str, dict[str, list[dict]]]:
@@ -18,7 +21,7 @@ def _curves(cells, records) -> dict[str, dict[str, list[dict]]]:
         curve = ((rec or {}).get("metrics") or {}).get("curve") if rec and rec.get("status") == "ok" else None
         if curve:
             task = cell.row.task
-            out.setdefault(task, {})[cell.row.name[len(task) + 1:]] = curve
+            out.setdefault(task, {})[cell.row.name[len(task) + 1 :]] = curve
     return out
 
 
@@ -37,8 +40,7 @@ def draw(exp, results_dir: Path) -> list[Path]:
         tasks = [t for t in dict.fromkeys(c.row.task for c in cells) if t in curves]
         if not tasks:
             continue
-        fig, axes = plt.subplots(len(PANELS), len(tasks), figsize=(3.6 * len(tasks), 5.6), squeeze=False,
-                                 sharex="col")
+        fig, axes = plt.subplots(len(PANELS), len(tasks), figsize=(3.6 * len(tasks), 5.6), squeeze=False, sharex="col")
         for col, task in enumerate(tasks):
             key = metrics.HEADLINE[task]
             for row, (precision, lines) in enumerate(PANELS):
@@ -46,8 +48,15 @@ def draw(exp, results_dir: Path) -> list[Path]:
                 for variant, label, color, style in lines:
                     curve = curves[task].get(variant)
                     if curve:
-                        ax.plot([p["epoch"] for p in curve], [p[key] for p in curve], style, color=color,
-                                marker="o", ms=3, label=label)
+                        ax.plot(
+                            [p["epoch"] for p in curve],
+                            [p[key] for p in curve],
+                            style,
+                            color=color,
+                            marker="o",
+                            ms=3,
+                            label=label,
+                        )
                 ax.set_title(f"{task.upper()} {precision}", fontsize=9)
                 ax.set_ylabel(f"dev {key} (%)", fontsize=8)
                 ax.grid(alpha=0.3)

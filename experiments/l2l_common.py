@@ -1,4 +1,5 @@
 """Shared by the L2L Tables 3-6: rows carrying method options or a skip reason, and BERT size arithmetic."""
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,11 @@ HOST_HEADROOM = 0.8  # of the machine's memory: the OS, Python and torch, the de
 
 
 # The model and sequence of each profile: Table 1's BERT-Large at `paper`, BERT-base at `small`.
-PROFILE_MODEL = {"paper": {"model.preset": "bert-large", "seq_len": 512},
-                 "small": {"model.preset": "bert-base", "seq_len": 128},
-                 "tiny": {"model.preset": "tiny", "seq_len": 64}}
+PROFILE_MODEL = {
+    "paper": {"model.preset": "bert-large", "seq_len": 512},
+    "small": {"model.preset": "bert-base", "seq_len": 128},
+    "tiny": {"model.preset": "tiny", "seq_len": 64},
+}
 
 
 def bert_base(profile: str, warmup: int = 2, steps: int = 5, **extra) -> dict:
@@ -29,19 +32,31 @@ def half(profile: str) -> str:
     return "bf16" if profile == "tiny" else "fp16"
 
 
-def l2l_row(name: str, method: str, overrides: dict, labels: dict, paper: dict | None = None,
-            options: dict | None = None, skip: str | None = None) -> Row:
+def l2l_row(
+    name: str,
+    method: str,
+    overrides: dict,
+    labels: dict,
+    paper: dict | None = None,
+    options: dict | None = None,
+    skip: str | None = None,
+) -> Row:
     """A Row whose method options (L2L's stash, overlap) join its overrides."""
     return Row(name, method, {**overrides, **(options or {})}, labels, paper or {}, skip=skip)
 
 
-def bert_params(layers: int, hidden: int, intermediate: int, vocab_size: int, max_seq: int,
-                num_labels: int = 2, type_vocab: int = 2) -> int:
+def bert_params(
+    layers: int, hidden: int, intermediate: int, vocab_size: int, max_seq: int, num_labels: int = 2, type_vocab: int = 2
+) -> int:
     """Parameters of BertForSequenceClassification (checked against a built model in the tests)."""
     embed = (vocab_size + max_seq + type_vocab) * hidden + 2 * hidden  # three tables + LayerNorm
-    block = (4 * (hidden * hidden + hidden)                            # Q, K, V, attention output
-             + 2 * hidden * intermediate + intermediate + hidden      # feed-forward in and out
-             + 2 * 2 * hidden)                                        # two LayerNorms
+    block = (
+        4 * (hidden * hidden + hidden)  # Q, K, V, attention output
+        + 2 * hidden * intermediate
+        + intermediate
+        + hidden  # feed-forward in and out
+        + 2 * 2 * hidden
+    )  # two LayerNorms
     head = hidden * hidden + hidden + hidden * num_labels + num_labels  # pooler + classifier
     return embed + layers * block + head
 

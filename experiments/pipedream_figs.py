@@ -1,4 +1,5 @@
 """Shared parts of the 2BW paper's Figures 6-9: measured and projected rows, and their figures."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,22 +15,31 @@ from suite.core.experiment import Experiment, Row
 # tied embeddings), 2.22B and 3.80B.
 GPT = {"1.3B": (24, 2048, 16), "2.2B": (40, 2048, 16), "3.8B": (45, 2560, 20)}
 SEQ, VOCAB = 512, 51200
-SYSTEM = {"gpipe": "GPipe", "pipedream-flush": "PipeDream-Flush", "pipedream-2bw": "PipeDream-2BW",
-          "mp": "inter-layer MP"}
+SYSTEM = {
+    "gpipe": "GPipe",
+    "pipedream-flush": "PipeDream-Flush",
+    "pipedream-2bw": "PipeDream-2BW",
+    "mp": "inter-layer MP",
+}
 LABELS = ["source", "system", "model", "d", "w", "b", "m", "batch", "recompute"]
 # The measured rows' model per profile (as planner-check): tiny BERT on CPU, bigger on GPUs.
-MODEL = {"tiny": {"model.preset": "tiny", "seq_len": 64}, "small": {"model.preset": "tiny-wide", "seq_len": 128},
-         "paper": {"model.preset": "bert-base", "seq_len": 512}}
-ASSUMPTIONS = ("Projected rows are the planner's cost model (methods/pipeline/costmodel.py, analytic GPT profile, "
-               "mixed precision: 2-byte weight versions, 16 B/param of FP32 master, gradient and Adam state) "
-               "on the V100-16GB p3.16xlarge spec (45 TFLOP/s achieved, NVLink 150 GB/s inside a server, "
-               "25 Gbit/s between servers: AWS's figures, not the paper's), links placed server by server "
-               "(p2p crosses servers when d > 8, the all-reduce when d x w > 8). GPT dims are our assumption "
-               "matching the parameter counts: 1.3B = 24 x 2048 (16 heads; 1.42B with an untied output "
-               "embedding), 2.2B = 40 x 2048 (16 heads), 3.8B = 45 x 2560 (20 heads); sequence 512, vocab 51200. "
-               "Measured rows are real multi-process runs (gloo, torchrun) of a tiny BERT on this host's CPU: "
-               "they show shapes, not the paper's absolute numbers; memory there is the CPU live-bytes "
-               "tracker's worst rank. ")
+MODEL = {
+    "tiny": {"model.preset": "tiny", "seq_len": 64},
+    "small": {"model.preset": "tiny-wide", "seq_len": 128},
+    "paper": {"model.preset": "bert-base", "seq_len": 512},
+}
+ASSUMPTIONS = (
+    "Projected rows are the planner's cost model (methods/pipeline/costmodel.py, analytic GPT profile, "
+    "mixed precision: 2-byte weight versions, 16 B/param of FP32 master, gradient and Adam state) "
+    "on the V100-16GB p3.16xlarge spec (45 TFLOP/s achieved, NVLink 150 GB/s inside a server, "
+    "25 Gbit/s between servers: AWS's figures, not the paper's), links placed server by server "
+    "(p2p crosses servers when d > 8, the all-reduce when d x w > 8). GPT dims are our assumption "
+    "matching the parameter counts: 1.3B = 24 x 2048 (16 heads; 1.42B with an untied output "
+    "embedding), 2.2B = 40 x 2048 (16 heads), 3.8B = 45 x 2560 (20 heads); sequence 512, vocab 51200. "
+    "Measured rows are real multi-process runs (gloo, torchrun) of a tiny BERT on this host's CPU: "
+    "they show shapes, not the paper's absolute numbers; memory there is the CPU live-bytes "
+    "tracker's worst rank. "
+)
 
 
 @dataclass
@@ -57,36 +67,103 @@ def base(profile: str) -> dict:
     return {"optimizer": "lamb", "lr": 1e-4, "warmup": 2, "steps": 6, **MODEL[profile]}
 
 
-def measured(name: str, method: str, d: int, w: int, b: int, m: int, recompute: bool, paper=None,
-             extra: dict | None = None, **labels) -> Row:
+def measured(
+    name: str,
+    method: str,
+    d: int,
+    w: int,
+    b: int,
+    m: int,
+    recompute: bool,
+    paper=None,
+    extra: dict | None = None,
+    **labels,
+) -> Row:
     """A real run with executor=dist on d x w ranks; m micro-batches per replica."""
-    return Row(name, method, {"executor": "dist", "stages": d, "width": w, "recompute": recompute,
-                              "micro_batch_size": b, "num_micro_batches": m * w, **(extra or {})},
-               {"source": "measured", "system": SYSTEM[method], "model": "tiny BERT", "d": d, "w": w, "b": b,
-                "m": m, "batch": b * m * w, "recompute": "on" if recompute else "off", **labels}, paper or {})
+    return Row(
+        name,
+        method,
+        {
+            "executor": "dist",
+            "stages": d,
+            "width": w,
+            "recompute": recompute,
+            "micro_batch_size": b,
+            "num_micro_batches": m * w,
+            **(extra or {}),
+        },
+        {
+            "source": "measured",
+            "system": SYSTEM[method],
+            "model": "tiny BERT",
+            "d": d,
+            "w": w,
+            "b": b,
+            "m": m,
+            "batch": b * m * w,
+            "recompute": "on" if recompute else "off",
+            **labels,
+        },
+        paper or {},
+    )
 
 
 def gpt_overrides(model: str, layers: int | None = None) -> dict:
     n, h, a = GPT[model]
-    return {"model.family": "gpt2", "model.layers": layers or n, "model.hidden": h, "model.heads": a,
-            "model.intermediate": 4 * h, "model.max_seq": SEQ, "model.vocab_size": VOCAB, "seq_len": SEQ}
+    return {
+        "model.family": "gpt2",
+        "model.layers": layers or n,
+        "model.hidden": h,
+        "model.heads": a,
+        "model.intermediate": 4 * h,
+        "model.max_seq": SEQ,
+        "model.vocab_size": VOCAB,
+        "seq_len": SEQ,
+    }
 
 
-def projected(name: str, system: str, model: str, d: int, w: int, batch: int, recompute: bool = True,
-              b: int | None = None, paper=None, projection: dict | None = None, **labels) -> ProjectedRow:
+def projected(
+    name: str,
+    system: str,
+    model: str,
+    d: int,
+    w: int,
+    batch: int,
+    recompute: bool = True,
+    b: int | None = None,
+    paper=None,
+    projection: dict | None = None,
+    **labels,
+) -> ProjectedRow:
     """A planner prediction for GPT `model` on d x w V100s at global `batch`; b=None lets the planner pick
     the fastest fitting micro-batch size. `system` is a planner schedule name; "mp" rows are carried by the
     gpipe method's options (inter-layer MP is GPipe's schedule with one micro-batch in flight)."""
     method = "gpipe" if system == "mp" else system
-    shape = {"micro_batch_size": 1, "num_micro_batches": batch} if b is None else \
-        {"micro_batch_size": b, "num_micro_batches": batch // b}
+    shape = (
+        {"micro_batch_size": 1, "num_micro_batches": batch}
+        if b is None
+        else {"micro_batch_size": b, "num_micro_batches": batch // b}
+    )
     proj = {"spec": "v100", "method": system, "micro_batch": "fastest" if b is None else "fixed", **(projection or {})}
-    return ProjectedRow(name, method, {**gpt_overrides(model), "stages": d, "width": w, "recompute": recompute,
-                                       **shape},
-                        {"source": "projected", "system": SYSTEM[system], "model": f"GPT-{model}", "d": d, "w": w,
-                         "b": "planner" if b is None else b, "m": "" if b is None else batch // (b * w),
-                         "batch": batch, "recompute": "on" if recompute else "off", **labels},
-                        paper or {}, projection=proj)
+    return ProjectedRow(
+        name,
+        method,
+        {**gpt_overrides(model), "stages": d, "width": w, "recompute": recompute, **shape},
+        {
+            "source": "projected",
+            "system": SYSTEM[system],
+            "model": f"GPT-{model}",
+            "d": d,
+            "w": w,
+            "b": "planner" if b is None else b,
+            "m": "" if b is None else batch // (b * w),
+            "batch": batch,
+            "recompute": "on" if recompute else "off",
+            **labels,
+        },
+        paper or {},
+        projection=proj,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -116,8 +193,16 @@ def panels(exp, results_dir: Path, ncols: int, size: tuple[float, float]):
     return cells, records, fig, axes
 
 
-def grouped_bars(exp, results_dir: Path, key: str, ylabel: str, groups=("model", "batch"), relative_to=None,
-                 cap_gb: dict | None = None, paper: str = "") -> list[Path]:
+def grouped_bars(
+    exp,
+    results_dir: Path,
+    key: str,
+    ylabel: str,
+    groups=("model", "batch"),
+    relative_to=None,
+    cap_gb: dict | None = None,
+    paper: str = "",
+) -> list[Path]:
     """Bars of `key` per system, grouped by `groups` labels, one panel per source; OOM bars marked; each bar
     annotated with its ratio to the group's `relative_to` system; the paper's claims under the title."""
     cells, _ = latest_section(exp, results_dir)
@@ -143,15 +228,25 @@ def grouped_bars(exp, results_dir: Path, key: str, ylabel: str, groups=("model",
             status = (r or {}).get("status", "not run")
             v = ((r or {}).get("metrics") or {}).get(key) if status in ("ok", "oom") else None
             x = g + k * width
-            ax.bar(x, v or 0.0, width, color=colors[c.row.labels["system"]],
-                   hatch="//" if status == "oom" else None, edgecolor="black" if status == "oom" else None,
-                   label=c.row.labels["system"] if g == 0 or c.row.labels["system"] not in
-                   ax.get_legend_handles_labels()[1] else None)
+            ax.bar(
+                x,
+                v or 0.0,
+                width,
+                color=colors[c.row.labels["system"]],
+                hatch="//" if status == "oom" else None,
+                edgecolor="black" if status == "oom" else None,
+                label=c.row.labels["system"]
+                if g == 0 or c.row.labels["system"] not in ax.get_legend_handles_labels()[1]
+                else None,
+            )
             note = "OOM" if status == "oom" else ("" if v is not None else status[:10])
             if v is not None and relative_to and status == "ok":
-                ref = next(((rr or {}).get("metrics") or {}).get(key) for cc, rr in pts
-                           if cc.row.labels["system"] == relative_to and
-                           all(cc.row.labels.get(gg) == c.row.labels.get(gg) for gg in groups))
+                ref = next(
+                    ((rr or {}).get("metrics") or {}).get(key)
+                    for cc, rr in pts
+                    if cc.row.labels["system"] == relative_to
+                    and all(cc.row.labels.get(gg) == c.row.labels.get(gg) for gg in groups)
+                )
                 note = f"{v / ref:.2f}x" if ref else ""
             ax.text(x, (v or 0.0) + top * 0.01, note, ha="center", va="bottom", fontsize=6, rotation=90)
         if cap_gb and src in cap_gb:

@@ -7,6 +7,7 @@ Simulated: the schedules replayed with backward = 2 x forward, as the paper draw
 one thread per rank); the last of three steps is drawn from every rank's action start/end
 records. Writes pipeline_<schedule>_{simulated,measured}.png and the measured Chrome traces.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,11 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from suite.config.paths import ROOT
-
+from methods.pipeline.executors.torchrun import torchrun
 from methods.pipeline.schedules.schedule import gpipe, one_f_one_b
 from methods.pipeline.schedules.simulate import Costs, Timeline, draw, simulate, to_chrome_trace
-from methods.pipeline.executors.torchrun import torchrun
+from suite.config.paths import ROOT
 
 D, M = 4, 8
 SCHEDULES = {"gpipe": gpipe, "pipedream-flush": one_f_one_b}
@@ -32,10 +32,10 @@ def measure(path: str, steps: int = 3) -> int:
     """Rank entry point: run each method for `steps` steps; rank 0 writes the last step's records."""
     import torch
 
-    from suite.core.check import build_method
     from suite.config.run import RunConfig, apply_overrides
-    from suite.harness.data import synthetic_batches
     from suite.core import registry
+    from suite.core.check import build_method
+    from suite.harness.data import synthetic_batches
 
     torch.set_num_threads(1)
     out = {}
@@ -48,9 +48,14 @@ def measure(path: str, steps: int = 3) -> int:
         for _ in range(steps):
             method.step(next(batches))
         base = (steps - 1) * M  # micro-batch ids of the drawn step, relabelled 0..M-1
-        out[name] = {"recompute": method.opts["recompute"],
-                     "records": [dict(r, mb=None if r["mb"] is None else r["mb"] - base)
-                                 for r in method.timeline_records() if r["replica"] == 0]}
+        out[name] = {
+            "recompute": method.opts["recompute"],
+            "records": [
+                dict(r, mb=None if r["mb"] is None else r["mb"] - base)
+                for r in method.timeline_records()
+                if r["replica"] == 0
+            ],
+        }
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
@@ -89,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         tl = Timeline.from_records(rec["records"], name=name)
         path = out / f"pipeline_{name}_measured.png"
         recompute = "on" if rec["recompute"] else "off"
-        draw(tl, path, f"{name} measured, {D} ranks on {os.cpu_count()} cores, m={M}, recompute {recompute}: "
-                       f"bubble {tl.bubble:.0%}, {tl.makespan * 1e3:.0f} ms")
+        draw(
+            tl,
+            path,
+            f"{name} measured, {D} ranks on {os.cpu_count()} cores, m={M}, recompute {recompute}: "
+            f"bubble {tl.bubble:.0%}, {tl.makespan * 1e3:.0f} ms",
+        )
         trace = out / f"pipeline_{name}_measured.trace.json"
         to_chrome_trace(tl, trace)
         print(f"wrote {path} and {trace}")

@@ -1,4 +1,5 @@
 """The 2BW planner's predicted throughput and memory against measured pipeline runs (issue: planner validation)."""
+
 from __future__ import annotations
 
 import methods.pipeline.planner.check  # noqa: F401  registers the `planned` cell kind in the cell process
@@ -14,15 +15,30 @@ CONFIGS = [
     ("2bw-w2-d1-b4", "pipedream-2bw", 1, 2, 4, 4, False),
 ]
 # The paper profile checks the same shapes on GPUs with a BERT-base-sized model.
-MODEL = {"tiny": {"model.preset": "tiny", "seq_len": 64}, "small": {"model.preset": "tiny-wide", "seq_len": 128},
-         "paper": {"model.preset": "bert-base", "seq_len": 512}}
+MODEL = {
+    "tiny": {"model.preset": "tiny", "seq_len": 64},
+    "small": {"model.preset": "tiny-wide", "seq_len": 128},
+    "paper": {"model.preset": "bert-base", "seq_len": 512},
+}
 
 
 def rows(profile: str) -> list[Row]:
-    return [Row(name, method, {"executor": "dist", "stages": d, "width": w, "recompute": rc,
-                               "micro_batch_size": b, "num_micro_batches": m * w},
-                {"d": d, "w": w, "b": b, "m": m, "recompute": "on" if rc else "off"})
-            for name, method, d, w, b, m, rc in CONFIGS]
+    return [
+        Row(
+            name,
+            method,
+            {
+                "executor": "dist",
+                "stages": d,
+                "width": w,
+                "recompute": rc,
+                "micro_batch_size": b,
+                "num_micro_batches": m * w,
+            },
+            {"d": d, "w": w, "b": b, "m": m, "recompute": "on" if rc else "off"},
+        )
+        for name, method, d, w, b, m, rc in CONFIGS
+    ]
 
 
 def base(profile: str) -> dict:
@@ -33,20 +49,24 @@ EXPERIMENT = Experiment(
     name="planner-check",
     title="Planner check: predicted against measured throughput and worst-stage memory of pipeline runs",
     source="PipeDream-2BW paper (pipedream-2bw.txt) §4: the planner's cost model, here validated on our own runs",
-    metrics=[Metric("throughput", "measured samples/s", "{:.1f}", ratio=False, paper=False),
-             Metric("predicted_throughput", "predicted samples/s", "{:.1f}", ratio=False, paper=False),
-             Metric("throughput_error", "throughput error", "{:+.1%}", ratio=False, paper=False),
-             Metric("measured_memory_gb", "measured memory GB (worst rank)", "{:.4f}", ratio=False, paper=False),
-             Metric("predicted_memory_gb", "predicted memory GB (worst stage)", "{:.4f}", ratio=False, paper=False),
-             Metric("memory_error", "memory error", "{:+.1%}", ratio=False, paper=False)],
+    metrics=[
+        Metric("throughput", "measured samples/s", "{:.1f}", ratio=False, paper=False),
+        Metric("predicted_throughput", "predicted samples/s", "{:.1f}", ratio=False, paper=False),
+        Metric("throughput_error", "throughput error", "{:+.1%}", ratio=False, paper=False),
+        Metric("measured_memory_gb", "measured memory GB (worst rank)", "{:.4f}", ratio=False, paper=False),
+        Metric("predicted_memory_gb", "predicted memory GB (worst stage)", "{:.4f}", ratio=False, paper=False),
+        Metric("memory_error", "memory error", "{:+.1%}", ratio=False, paper=False),
+    ],
     label_columns=["d", "w", "b", "m", "recompute"],
     baseline="flush-d2-b4",
     rows=rows,
     base=base,
     kind="planned",
-    notes=("Each cell runs the method on d x w torchrun ranks (gloo on CPU, NCCL on GPUs), then calibrates the "
-           "point-to-point and all-reduce links on those same ranks and predicts the configuration from the "
-           "per-layer profile (timed and tracked one layer at a time, cached under results/.cache/profiles). "
-           "Error = predicted / measured - 1. Memory on CPU is the live-bytes tracker's worst rank. The paper "
-           "gives no planner accuracy figure: there is no paper column."),
+    notes=(
+        "Each cell runs the method on d x w torchrun ranks (gloo on CPU, NCCL on GPUs), then calibrates the "
+        "point-to-point and all-reduce links on those same ranks and predicts the configuration from the "
+        "per-layer profile (timed and tracked one layer at a time, cached under results/.cache/profiles). "
+        "Error = predicted / measured - 1. Memory on CPU is the live-bytes tracker's worst rank. The paper "
+        "gives no planner accuracy figure: there is no paper column."
+    ),
 )

@@ -1,4 +1,5 @@
 """L2L paper Table 2: memory and throughput of baseline AG (FP32, AMP) against L2L (FP32, CMP) on BERT."""
+
 from __future__ import annotations
 
 from experiments.l2l_common import bert_base, half
@@ -26,14 +27,34 @@ def rows(profile: str) -> list[Row]:
     base_labels = {"device batch": device_batch, "uBatch": "NA", "batch/device": per_device}
     relay_labels = {"device batch": per_device, "uBatch": per_device, "batch/device": per_device}
     return [
-        Row("baseline-fp32", "grad_accum", {**accum, "precision": "fp32"}, {**base_labels, "precision": "FP32"},
-            {"throughput": 16.52, "memory_gb": 10.51}),
-        Row("baseline-amp", "amp", {**accum, "precision": half(profile)},
-            {**base_labels, "precision": "AMP"}, {"throughput": 26.2, "memory_gb": 9.2}),
-        Row("l2l-fp32", "l2l", {**relay, "precision": "fp32"}, {**relay_labels, "precision": "FP32"},
-            {"throughput": 22.5, "memory_gb": 9.45}),
-        Row("l2l-cmp", "l2l-cmp", {**relay, "precision": half(profile)},
-            {**relay_labels, "precision": "CMP"}, {"throughput": 52.48, "memory_gb": 4.96}),
+        Row(
+            "baseline-fp32",
+            "grad_accum",
+            {**accum, "precision": "fp32"},
+            {**base_labels, "precision": "FP32"},
+            {"throughput": 16.52, "memory_gb": 10.51},
+        ),
+        Row(
+            "baseline-amp",
+            "amp",
+            {**accum, "precision": half(profile)},
+            {**base_labels, "precision": "AMP"},
+            {"throughput": 26.2, "memory_gb": 9.2},
+        ),
+        Row(
+            "l2l-fp32",
+            "l2l",
+            {**relay, "precision": "fp32"},
+            {**relay_labels, "precision": "FP32"},
+            {"throughput": 22.5, "memory_gb": 9.45},
+        ),
+        Row(
+            "l2l-cmp",
+            "l2l-cmp",
+            {**relay, "precision": half(profile)},
+            {**relay_labels, "precision": "CMP"},
+            {"throughput": 52.48, "memory_gb": 4.96},
+        ),
     ]
 
 
@@ -47,8 +68,10 @@ EXPERIMENT = Experiment(
     rows=rows,
     base=base,
     figure=ratio_bars,
-    notes=("The paper's throughput is for 4 GPUs and a total batch of 256; ours is one device running "
-           "that device's share (batch/device). Absolute numbers from different hardware do not compare: "
-           "compare the ratio columns. On CPU, 16-bit rows use bf16 (CPU autocast) and memory is the "
-           "live-bytes tracker's count, not a device allocator's."),
+    notes=(
+        "The paper's throughput is for 4 GPUs and a total batch of 256; ours is one device running "
+        "that device's share (batch/device). Absolute numbers from different hardware do not compare: "
+        "compare the ratio columns. On CPU, 16-bit rows use bf16 (CPU autocast) and memory is the "
+        "live-bytes tracker's count, not a device allocator's."
+    ),
 )

@@ -1,4 +1,5 @@
 """L2L paper Table 3: L2L-CMP throughput and memory with 1, 2 and 4 micro-batches in the inner loop."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,16 @@ def rows(profile: str) -> list[Row]:
     out = []
     for u in UBATCHES:
         labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u}
-        out.append(l2l_row(f"l2l-cmp-u{u}", "l2l-cmp", {"num_micro_batches": u}, {**labels, "stash": "cpu"},
-                          {"throughput": PAPER[u][0], "memory_gb": PAPER[u][1]}, options=L2L_OPTIONS))
+        out.append(
+            l2l_row(
+                f"l2l-cmp-u{u}",
+                "l2l-cmp",
+                {"num_micro_batches": u},
+                {**labels, "stash": "cpu"},
+                {"throughput": PAPER[u][0], "memory_gb": PAPER[u][1]},
+                options=L2L_OPTIONS,
+            )
+        )
     # The target's reference: AMP with the whole model on the device that recomputes per layer
     # (recompute=on), accumulating the same micro-batches; plain AMP beside it for scale.
     for u in UBATCHES:
@@ -52,10 +61,15 @@ def target_figure(exp, results_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     width = 0.8 / len(secs)
     for k, (title, cells, records) in enumerate(secs):
-        got = {c.row.name: (r or {}).get("metrics", {}).get("throughput") for c, r in zip(cells, records)
-               if r and r.get("status") == "ok"}
-        ratios = [got[f"l2l-cmp-u{u}"] / got[f"amp-rc-u{u}"] if got.get(f"l2l-cmp-u{u}") and got.get(f"amp-rc-u{u}")
-                  else 0.0 for u in UBATCHES]
+        got = {
+            c.row.name: (r or {}).get("metrics", {}).get("throughput")
+            for c, r in zip(cells, records)
+            if r and r.get("status") == "ok"
+        }
+        ratios = [
+            got[f"l2l-cmp-u{u}"] / got[f"amp-rc-u{u}"] if got.get(f"l2l-cmp-u{u}") and got.get(f"amp-rc-u{u}") else 0.0
+            for u in UBATCHES
+        ]
         ax.bar([i + k * width for i in range(len(UBATCHES))], ratios, width, label=title)
     ax.axhline(TARGET, color="C3", ls="--", lw=1, label=f"target {TARGET:.0%} (paper profile, GPU)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(UBATCHES))], [f"{u} uBatch(es)" for u in UBATCHES])
@@ -80,14 +94,16 @@ EXPERIMENT = Experiment(
     rows=rows,
     base=base,
     figure=target_figure,
-    notes=("Ratios to `l2l-cmp-u1` give the inner loop's gain (the paper: +35% at 2, +62% at 4 micro-batches). "
-           "The paper's throughput is over 4 GPUs (its Table 4 repeats these rows as its 4-GPU rows) and its memory "
-           "per GPU; ours is one device running one device's batch. L2L rows keep the stash in host memory and "
-           "update layers on the host during the backward (stash=cpu, overlap=on). The `amp-rc-u*` rows are the "
-           f"reference of the issue's target for the `paper` profile on a GPU: L2L-CMP at least {TARGET:.0%} of the "
-           "throughput of AMP with the whole model on the device recomputing per layer, at the same batch "
-           "(figures/table3_vs_amp.png); `amp-u*` rows (no recompute) are shown for scale. At `tiny` on CPU the device "
-           "and the host are one memory, transfers are memory copies and 16-bit is bf16: the rows test the inner "
-           "loop's amortisation of per-layer and per-step host work, not PCIe; memory is the CPU live-bytes "
-           "tracker's count."),
+    notes=(
+        "Ratios to `l2l-cmp-u1` give the inner loop's gain (the paper: +35% at 2, +62% at 4 micro-batches). "
+        "The paper's throughput is over 4 GPUs (its Table 4 repeats these rows as its 4-GPU rows) and its memory "
+        "per GPU; ours is one device running one device's batch. L2L rows keep the stash in host memory and "
+        "update layers on the host during the backward (stash=cpu, overlap=on). The `amp-rc-u*` rows are the "
+        f"reference of the issue's target for the `paper` profile on a GPU: L2L-CMP at least {TARGET:.0%} of the "
+        "throughput of AMP with the whole model on the device recomputing per layer, at the same batch "
+        "(figures/table3_vs_amp.png); `amp-u*` rows (no recompute) are shown for scale. At `tiny` on CPU the device "
+        "and the host are one memory, transfers are memory copies and 16-bit is bf16: the rows test the inner "
+        "loop's amortisation of per-layer and per-step host work, not PCIe; memory is the CPU live-bytes "
+        "tracker's count."
+    ),
 )

@@ -1,4 +1,5 @@
 """L2L paper Table 4: L2L-CMP on one rank against N ranks (data parallel), 1, 2 and 4 micro-batches each."""
+
 from __future__ import annotations
 
 import torch
@@ -44,10 +45,21 @@ def rows(profile: str) -> list[Row]:
         for u in UBATCHES:
             # micro_batch_size is global: each rank takes ub samples of every micro-batch.
             overrides = {"ranks": max(ranks, 1), "micro_batch_size": ub * max(ranks, 1), "num_micro_batches": u}
-            labels = skipped({"#ranks": ranks, "paper #GPUs": paper_gpus, "uBatch/rank": ub, "#uBatches": u,
-                              "device batch": ub * u}, skip)
-            out.append(l2l_row(f"{name}-u{u}", "l2l-cmp", overrides, labels, {"throughput": PAPER[paper_gpus][u]},
-                              options=L2L_OPTIONS, skip=skip))
+            labels = skipped(
+                {"#ranks": ranks, "paper #GPUs": paper_gpus, "uBatch/rank": ub, "#uBatches": u, "device batch": ub * u},
+                skip,
+            )
+            out.append(
+                l2l_row(
+                    f"{name}-u{u}",
+                    "l2l-cmp",
+                    overrides,
+                    labels,
+                    {"throughput": PAPER[paper_gpus][u]},
+                    options=L2L_OPTIONS,
+                    skip=skip,
+                )
+            )
     return out
 
 
@@ -55,22 +67,26 @@ EXPERIMENT = Experiment(
     name="table4",
     title="Table 4: L2L-CMP throughput, one rank vs N ranks, by #micro-batches",
     source="L2L paper (l2l-constant-memory.txt), section 3.3, Table 4: BERT-Large, CMP, 1 and 4 V100-16GB "
-           "(PyTorch DDP, no NVLink)",
-    metrics=[Metric("throughput", "throughput (samples/s)"),
-             Metric("throughput_per_rank", "per rank (samples/s)", ratio=False),
-             Metric("memory_gb", "memory/rank (GB)", "{:.3g}", ratio=False)],
+    "(PyTorch DDP, no NVLink)",
+    metrics=[
+        Metric("throughput", "throughput (samples/s)"),
+        Metric("throughput_per_rank", "per rank (samples/s)", ratio=False),
+        Metric("memory_gb", "memory/rank (GB)", "{:.3g}", ratio=False),
+    ],
     label_columns=["#ranks", "paper #GPUs", "uBatch/rank", "#uBatches", "device batch", "note"],
     baseline="1-rank-u1",
     rows=rows,
     base=base,
     kind="all-ranks-throughput",
     figure=ratio_bars,
-    notes=("Throughput is over all ranks: the global minibatch (ranks x uBatch x #uBatches) over the median step "
-           "time of rank 0, whose steps run in lockstep with the others'. Ratios to `1-rank-u1` show scaling and the "
-           "inner loop together (the paper: 3.6x from 1 to 4 GPUs at one micro-batch). At `paper` N is every GPU "
-           "of the machine that runs the sweep (the paper's is 4; with another N compare per-rank throughput); a "
-           "machine with one GPU leaves the N-rank rows not run, with the reason in their note. At `tiny` N is 2 "
-           "gloo ranks on CPU, launched with torchrun, sharing the machine's CPU cores with each other: they "
-           "exercise the per-layer gradient all-reduce, not scaling. L2L rows "
-           "keep the stash on the host and overlap host updates (stash=cpu, overlap=on), as in Table 3."),
+    notes=(
+        "Throughput is over all ranks: the global minibatch (ranks x uBatch x #uBatches) over the median step "
+        "time of rank 0, whose steps run in lockstep with the others'. Ratios to `1-rank-u1` show scaling and the "
+        "inner loop together (the paper: 3.6x from 1 to 4 GPUs at one micro-batch). At `paper` N is every GPU "
+        "of the machine that runs the sweep (the paper's is 4; with another N compare per-rank throughput); a "
+        "machine with one GPU leaves the N-rank rows not run, with the reason in their note. At `tiny` N is 2 "
+        "gloo ranks on CPU, launched with torchrun, sharing the machine's CPU cores with each other: they "
+        "exercise the per-layer gradient all-reduce, not scaling. L2L rows "
+        "keep the stash on the host and overlap host updates (stash=cpu, overlap=on), as in Table 3."
+    ),
 )

@@ -1,4 +1,5 @@
 """L2L paper Table 5: device memory against depth, baseline AMP vs L2L-CMP with the stash on the device or the host."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,9 +20,14 @@ CAP = {"paper": "16GiB", "small": "16GiB", "tiny": "10MiB"}
 # and Table 3's CMP (3.69 GB), and its stash-on-device slope (+64 MiB a layer) is one 16-bit
 # 64 x 512 x 1024 activation: so the rows are AMP and L2L-CMP.
 PAPER = {
-    ("baseline", 24): 9.23, ("baseline", 48): "OOM",
-    ("stash-gpu", 24): 5.22, ("stash-gpu", 48): 6.76, ("stash-gpu", 96): 9.83,
-    ("stash-cpu", 24): 3.69, ("stash-cpu", 96): 3.69, ("stash-cpu", 384): 3.69,
+    ("baseline", 24): 9.23,
+    ("baseline", 48): "OOM",
+    ("stash-gpu", 24): 5.22,
+    ("stash-gpu", 48): 6.76,
+    ("stash-gpu", 96): 9.83,
+    ("stash-cpu", 24): 3.69,
+    ("stash-cpu", 96): 3.69,
+    ("stash-cpu", 384): 3.69,
 }
 VARIANTS = (  # name, method, options, label; micro-batch sizes per profile below
     ("baseline", "amp", {}, "BASELINE"),
@@ -37,8 +43,15 @@ _PAPER_384_STASH = 384 * 64 * 512 * _L["hidden"] * 2  # one 16-bit block input p
 
 def base(profile: str) -> dict:
     # CPU at `tiny` wherever it runs: the cap is sized for the live-bytes tracker, not a CUDA allocator.
-    return bert_base(profile, warmup=1, steps=2, precision=half(profile), num_micro_batches=1,
-                     device_memory=CAP[profile], **({"device": "cpu"} if profile == "tiny" else {}))
+    return bert_base(
+        profile,
+        warmup=1,
+        steps=2,
+        precision=half(profile),
+        num_micro_batches=1,
+        device_memory=CAP[profile],
+        **({"device": "cpu"} if profile == "tiny" else {}),
+    )
 
 
 def rows(profile: str) -> list[Row]:
@@ -47,13 +60,26 @@ def rows(profile: str) -> list[Row]:
     for name, method, options, label in VARIANTS:
         batch = _BATCH[profile][0 if name == "baseline" else 1]
         for i, (scale, depth) in enumerate(zip(SCALES, DEPTHS[profile])):
-            params = bert_params(depth, preset["hidden"], preset["intermediate"], preset["vocab_size"],
-                                 preset["max_seq"])
+            params = bert_params(
+                depth, preset["hidden"], preset["intermediate"], preset["vocab_size"], preset["max_seq"]
+            )
             paper = PAPER.get((name, DEPTHS["paper"][i]))  # the paper's value at the same position
-            out.append(l2l_row(f"{name}-x{scale}", method, {"model.layers": depth, "micro_batch_size": batch},
-                              {"paper method": label, "uBatch": batch, "device batch": batch, "#layers": depth,
-                               "#params": fmt_count(params)},
-                              {"memory_gb": paper} if paper is not None else {}, options=options))
+            out.append(
+                l2l_row(
+                    f"{name}-x{scale}",
+                    method,
+                    {"model.layers": depth, "micro_batch_size": batch},
+                    {
+                        "paper method": label,
+                        "uBatch": batch,
+                        "device batch": batch,
+                        "#layers": depth,
+                        "#params": fmt_count(params),
+                    },
+                    {"memory_gb": paper} if paper is not None else {},
+                    options=options,
+                )
+            )
     return out
 
 
@@ -64,8 +90,8 @@ def depth_figure(exp, results_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from suite.report import tables
     from suite.config.sizes import parse_size
+    from suite.report import tables
 
     secs = tables.sections(exp, Path(results_dir))
     if not secs:
@@ -118,25 +144,29 @@ EXPERIMENT = Experiment(
     name="table5",
     title="Table 5: device memory against depth, baseline vs L2L with the stash on the device or the host",
     source="L2L paper (l2l-constant-memory.txt), section 3.4.1, Table 5: BERT-Large layers, one 16 GB V100",
-    metrics=[Metric("memory_gb", "memory (GB)", "{:.3g}"),
-             Metric("memory_reserved_gb", "reserved (GB)", "{:.3g}", ratio=False),
-             Metric("throughput", "throughput (samples/s)", ratio=False)],
+    metrics=[
+        Metric("memory_gb", "memory (GB)", "{:.3g}"),
+        Metric("memory_reserved_gb", "reserved (GB)", "{:.3g}", ratio=False),
+        Metric("throughput", "throughput (samples/s)", ratio=False),
+    ],
     label_columns=["paper method", "uBatch", "device batch", "#layers", "#params"],
     baseline="stash-cpu-x1",
     rows=rows,
     base=base,
     figure=depth_figure,
-    notes=("Every row runs under a device-memory cap, as `--device-memory` would set it: 16 GiB at `paper` (the "
-           "paper's V100; the CUDA allocator's fraction), so the baseline's OOM is reproduced rather than assumed. "
-           "At `tiny` the cap is 10 MiB, enforced on CPU by the live-bytes tracker (it raises out-of-memory past "
-           "the cap during the measured step): an emulation of the paper's claim on a tiny BERT (hidden 64) at "
-           "4, 8, 16 and 64 layers, the paper's 24, 48, 96 and 384 scaled by 1/6. Rows are named by the multiple "
-           "of the shallowest depth, and the paper's values are shown at the same multiple. The baseline is AMP "
-           "with a device batch of 2, L2L is L2L-CMP with a device batch of 64 (16 at `tiny`), host updates "
-           "overlapped. Ratios are to L2L with the stash on the host at the shallowest depth: the target on a GPU "
-           f"at `paper` is `stash-cpu-x16` (384 layers) within {TARGET:.0%} of it (ratio <= {1 + TARGET:.2f}x). "
-           f"At `paper` 384 layers are {fmt_count(_PAPER_384)} parameters: about "
-           f"{l2l_host_bytes(_PAPER_384) / 1e9:.0f} GB of host memory for the param server plus "
-           f"{_PAPER_384_STASH / 2**30:.0f} GiB for the host stash, so a machine with less records those cells as "
-           "`oom` (the host's). Figure: figures/table5_memory_vs_depth.png."),
+    notes=(
+        "Every row runs under a device-memory cap, as `--device-memory` would set it: 16 GiB at `paper` (the "
+        "paper's V100; the CUDA allocator's fraction), so the baseline's OOM is reproduced rather than assumed. "
+        "At `tiny` the cap is 10 MiB, enforced on CPU by the live-bytes tracker (it raises out-of-memory past "
+        "the cap during the measured step): an emulation of the paper's claim on a tiny BERT (hidden 64) at "
+        "4, 8, 16 and 64 layers, the paper's 24, 48, 96 and 384 scaled by 1/6. Rows are named by the multiple "
+        "of the shallowest depth, and the paper's values are shown at the same multiple. The baseline is AMP "
+        "with a device batch of 2, L2L is L2L-CMP with a device batch of 64 (16 at `tiny`), host updates "
+        "overlapped. Ratios are to L2L with the stash on the host at the shallowest depth: the target on a GPU "
+        f"at `paper` is `stash-cpu-x16` (384 layers) within {TARGET:.0%} of it (ratio <= {1 + TARGET:.2f}x). "
+        f"At `paper` 384 layers are {fmt_count(_PAPER_384)} parameters: about "
+        f"{l2l_host_bytes(_PAPER_384) / 1e9:.0f} GB of host memory for the param server plus "
+        f"{_PAPER_384_STASH / 2**30:.0f} GiB for the host stash, so a machine with less records those cells as "
+        "`oom` (the host's). Figure: figures/table5_memory_vs_depth.png."
+    ),
 )

@@ -1,8 +1,17 @@
 """L2L paper Table 6: L2L-CMP on a Turing-NLG-like model, the paper's 17B one or the widest that fits host memory."""
+
 from __future__ import annotations
 
-from experiments.l2l_common import (HOST_HEADROOM, l2l_row, bert_params, fmt_count, half,
-                                     l2l_host_bytes, machine_host_bytes, skipped)
+from experiments.l2l_common import (
+    HOST_HEADROOM,
+    bert_params,
+    fmt_count,
+    half,
+    l2l_host_bytes,
+    l2l_row,
+    machine_host_bytes,
+    skipped,
+)
 from suite.core.experiment import Experiment, Metric, Row
 
 # Turing-NLG's shape as the paper states it (78 layers, hidden 4256, sequence 1024, "17 billion");
@@ -41,9 +50,19 @@ def widest_hidden(host_bytes: int) -> int:
 
 def base(profile: str) -> dict:
     ub, u, layers, seq = RUN_SHAPE[profile]
-    common = {"optimizer": "lamb", "lr": 1e-4, "precision": half(profile), "micro_batch_size": ub,
-              "num_micro_batches": u, "seq_len": seq, "model.layers": layers, "model.max_seq": SEQ,
-              "model.vocab_size": VOCAB, "warmup": 1, "steps": 2}
+    common = {
+        "optimizer": "lamb",
+        "lr": 1e-4,
+        "precision": half(profile),
+        "micro_batch_size": ub,
+        "num_micro_batches": u,
+        "seq_len": seq,
+        "model.layers": layers,
+        "model.max_seq": SEQ,
+        "model.vocab_size": VOCAB,
+        "warmup": 1,
+        "steps": 2,
+    }
     # The paper's V100: on a GPU the rows run under its 16 GB, one layer at a time.
     return {**common, "device_memory": "16GiB"} if profile != "tiny" else common
 
@@ -58,48 +77,83 @@ def rows(profile: str) -> list[Row]:
         if hidden == 0:
             skip = f"not even one {HEAD_DIM}-wide head fits {host / 1e9:.1f} GB of host memory at {LAYERS} layers"
         elif need > HOST_HEADROOM * host:
-            skip = (f"needs {need / 1e9:.0f} GB of host memory; this machine has {host / 1e9:.1f} GB "
-                    f"({HOST_HEADROOM:.0%} usable)")
-        shape = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "seq": seq,
-                 "#layers": LAYERS if layers == LAYERS else f"{layers} run (of {LAYERS})",
-                 "hidden": hidden, "heads": hidden // HEAD_DIM, f"#params at {LAYERS}": fmt_count(params_at(hidden)),
-                 f"host need at {LAYERS} (GB)": f"{need / 1e9:.0f}",
-                 "host need run (GB)": f"{host_need(hidden, layers, ub * u, seq) / 1e9:.3g}"}
-        overrides = {"model.hidden": max(hidden, HEAD_DIM), "model.heads": max(hidden // HEAD_DIM, 1),
-                     "model.intermediate": 4 * max(hidden, HEAD_DIM)}
+            skip = (
+                f"needs {need / 1e9:.0f} GB of host memory; this machine has {host / 1e9:.1f} GB "
+                f"({HOST_HEADROOM:.0%} usable)"
+            )
+        shape = {
+            "uBatch": ub,
+            "#uBatches": u,
+            "device batch": ub * u,
+            "seq": seq,
+            "#layers": LAYERS if layers == LAYERS else f"{layers} run (of {LAYERS})",
+            "hidden": hidden,
+            "heads": hidden // HEAD_DIM,
+            f"#params at {LAYERS}": fmt_count(params_at(hidden)),
+            f"host need at {LAYERS} (GB)": f"{need / 1e9:.0f}",
+            "host need run (GB)": f"{host_need(hidden, layers, ub * u, seq) / 1e9:.3g}",
+        }
+        overrides = {
+            "model.hidden": max(hidden, HEAD_DIM),
+            "model.heads": max(hidden // HEAD_DIM, 1),
+            "model.intermediate": 4 * max(hidden, HEAD_DIM),
+        }
         paper = PAPER if name == "turing-17b" else {}
-        out.append(l2l_row(name, "l2l-cmp", overrides, skipped(shape, skip), paper,
-                          options={"stash": "cpu", "overlap": "on"}, skip=skip))
+        out.append(
+            l2l_row(
+                name,
+                "l2l-cmp",
+                overrides,
+                skipped(shape, skip),
+                paper,
+                options={"stash": "cpu", "overlap": "on"},
+                skip=skip,
+            )
+        )
     return out
 
 
 EXPERIMENT = Experiment(
     name="table6",
     title="Table 6: L2L-CMP on a Turing-NLG-like model (78 layers, 152-wide heads, sequence 1024)",
-    source="L2L paper (l2l-constant-memory.txt), section 3.4.2, Table 6: 17B parameters, one 16 GB V100, "
-           "512 GB host",
-    metrics=[Metric("memory_gb", "memory (GB)", "{:.3g}", ratio=False),
-             Metric("throughput", "throughput (samples/s)", "{:.3g}", ratio=False),
-             Metric("host_peak_gb", "host peak (GB)", "{:.3g}", ratio=False)],
-    label_columns=["uBatch", "#uBatches", "device batch", "#layers", "hidden", "heads", "seq", f"#params at {LAYERS}",
-                   f"host need at {LAYERS} (GB)", "host need run (GB)", "note"],
+    source="L2L paper (l2l-constant-memory.txt), section 3.4.2, Table 6: 17B parameters, one 16 GB V100, 512 GB host",
+    metrics=[
+        Metric("memory_gb", "memory (GB)", "{:.3g}", ratio=False),
+        Metric("throughput", "throughput (samples/s)", "{:.3g}", ratio=False),
+        Metric("host_peak_gb", "host peak (GB)", "{:.3g}", ratio=False),
+    ],
+    label_columns=[
+        "uBatch",
+        "#uBatches",
+        "device batch",
+        "#layers",
+        "hidden",
+        "heads",
+        "seq",
+        f"#params at {LAYERS}",
+        f"host need at {LAYERS} (GB)",
+        "host need run (GB)",
+        "note",
+    ],
     baseline="turing-17b",
     rows=rows,
     base=base,
-    notes=("`host need` is L2L-CMP's host memory with the stash on the host, at 78 layers and the paper's 8 x 16 "
-           "samples of 1024 tokens, and at the shape run (to compare with the measured `host peak`, which adds the "
-           "process and the model's build): the param server's 20 bytes a parameter (FP32 master, FP32 gradient, "
-           "two FP32 LAMB moments, the 16-bit upload copy and the 16-bit gradient landing buffer) plus the stash, "
-           "one 16-bit block input per layer and sample. The paper's 17B model needs about "
-           f"{host_need(HIDDEN) / 1e9:.0f} GB ({l2l_host_bytes(params_at(HIDDEN)) / 1e9:.0f} GB param server, "
-           f"{stash_bytes(HIDDEN) / 1e9:.0f} GB stash), {host_need(HIDDEN) / 512e9:.0%} of its 512 GB host. "
-           f"`widest-fit` is the widest model of whole {HEAD_DIM}-wide heads whose need at 78 layers fits "
-           f"{HOST_HEADROOM:.0%} of the memory of the machine that ran the sweep (physical or cgroup limit, "
-           "whichever is lower), so its width depends on that machine. At `paper` it runs all 78 layers at "
-           "sequence 1024 and the paper's 8 x 16 micro-batches under a 16 GiB device cap (the paper's V100); at "
-           "`tiny` it runs 2 of the 78 layers at sequence 32 and 2 x 4 micro-batches on CPU so that a step takes "
-           "seconds. By the same accounting the paper's 50B parameters would need about "
-           f"{l2l_host_bytes(50 * 10**9) / 1e12:.1f} TB for the param server alone, twice its host. The vocabulary "
-           f"is BERT's ({VOCAB}; Turing-NLG's 50257 would add {(50257 - VOCAB) * HIDDEN / 1e6:.0f} M parameters at "
-           "4256 wide). Host updates overlap the backward."),
+    notes=(
+        "`host need` is L2L-CMP's host memory with the stash on the host, at 78 layers and the paper's 8 x 16 "
+        "samples of 1024 tokens, and at the shape run (to compare with the measured `host peak`, which adds the "
+        "process and the model's build): the param server's 20 bytes a parameter (FP32 master, FP32 gradient, "
+        "two FP32 LAMB moments, the 16-bit upload copy and the 16-bit gradient landing buffer) plus the stash, "
+        "one 16-bit block input per layer and sample. The paper's 17B model needs about "
+        f"{host_need(HIDDEN) / 1e9:.0f} GB ({l2l_host_bytes(params_at(HIDDEN)) / 1e9:.0f} GB param server, "
+        f"{stash_bytes(HIDDEN) / 1e9:.0f} GB stash), {host_need(HIDDEN) / 512e9:.0%} of its 512 GB host. "
+        f"`widest-fit` is the widest model of whole {HEAD_DIM}-wide heads whose need at 78 layers fits "
+        f"{HOST_HEADROOM:.0%} of the memory of the machine that ran the sweep (physical or cgroup limit, "
+        "whichever is lower), so its width depends on that machine. At `paper` it runs all 78 layers at "
+        "sequence 1024 and the paper's 8 x 16 micro-batches under a 16 GiB device cap (the paper's V100); at "
+        "`tiny` it runs 2 of the 78 layers at sequence 32 and 2 x 4 micro-batches on CPU so that a step takes "
+        "seconds. By the same accounting the paper's 50B parameters would need about "
+        f"{l2l_host_bytes(50 * 10**9) / 1e12:.1f} TB for the param server alone, twice its host. The vocabulary "
+        f"is BERT's ({VOCAB}; Turing-NLG's 50257 would add {(50257 - VOCAB) * HIDDEN / 1e6:.0f} M parameters at "
+        "4256 wide). Host updates overlap the backward."
+    ),
 )

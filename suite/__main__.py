@@ -1,4 +1,5 @@
 """Entry point for `python -m suite`."""
+
 import sys
 
 from suite.cli import main

@@ -1,4 +1,5 @@
 """Command line: `python -m suite list | run EXPERIMENT | check METHOD | plan`."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,16 +17,19 @@ def _list(args) -> int:
     print("methods:")
     for name in registry.names():
         cls = registry.get(name)
-        opts = ", ".join(f"{k}={o.default} {list(o.choices) if o.choices else ''}".strip()
-                         for k, o in cls.options.items())
+        opts = ", ".join(
+            f"{k}={o.default} {list(o.choices) if o.choices else ''}".strip() for k, o in cls.options.items()
+        )
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         print(f"  {name:16s} precisions {','.join(cls.precisions):12s} {doc}" + (f"  options: {opts}" if opts else ""))
     print("experiments:")
     for name, exp in sorted(all_experiments().items()):
         print(f"  {name:16s} {exp.title}")
     print("profiles:")
-    print("  tiny   CPU-sized models, minutes (CI)\n  small  a quick GPU run\n"
-          "  paper  the paper's model sizes (needs a GPU)\n  auto   paper on CUDA, tiny on CPU")
+    print(
+        "  tiny   CPU-sized models, minutes (CI)\n  small  a quick GPU run\n"
+        "  paper  the paper's model sizes (needs a GPU)\n  auto   paper on CUDA, tiny on CPU"
+    )
     return 0
 
 
@@ -36,19 +40,29 @@ def _run(args) -> int:
     exp = get_experiment(args.experiment)
     if args.data_dir:  # read by the GLUE experiments (in this process and, inherited, in the cells)
         if not os.path.isdir(args.data_dir):
-            raise ConfigError(f"--data-dir {args.data_dir!r} is not a folder; give the folder holding the GLUE "
-                              "task folders (CoLA, MRPC, RTE, SST-2, STS-B, QNLI)")
+            raise ConfigError(
+                f"--data-dir {args.data_dir!r} is not a folder; give the folder holding the GLUE "
+                "task folders (CoLA, MRPC, RTE, SST-2, STS-B, QNLI)"
+            )
         os.environ["SUITE_GLUE_DIR"] = os.path.abspath(args.data_dir)
-    records = sweep(exp, profile=args.profile, only=args.only, force=args.force, device_memory=args.device_memory,
-                    overrides=args.set, wandb_mode=args.wandb, timeout=args.timeout)
+    records = sweep(
+        exp,
+        profile=args.profile,
+        only=args.only,
+        force=args.force,
+        device_memory=args.device_memory,
+        overrides=args.set,
+        wandb_mode=args.wandb,
+        timeout=args.timeout,
+    )
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
     return 1 if bad and args.strict else 0
 
 
 def _check(args) -> int:
+    from suite.config.run import RunConfig, apply_overrides
     from suite.core import registry
     from suite.core.check import check, default_precision
-    from suite.config.run import RunConfig, apply_overrides
     from suite.harness.device import resolve_device
 
     cls = registry.get(args.method)
@@ -60,8 +74,21 @@ def _check(args) -> int:
         module = getattr(cls, "dist_check_module", None)
         if module is None:
             raise ConfigError(f"{args.method} needs {world} ranks and has no multi-rank check")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-               "-m", module, "--method", args.method, "--against", args.against, "--steps", str(args.steps)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world}",
+            "-m",
+            module,
+            "--method",
+            args.method,
+            "--against",
+            args.against,
+            "--steps",
+            str(args.steps),
+        ]
         return subprocess.call(cmd + [x for s in args.set or [] for x in ("--set", s)])
     if not any(s.startswith("precision=") for s in args.set or []):
         run.precision = default_precision(args.method, resolve_device(run.device))
@@ -74,9 +101,9 @@ def _plan(args) -> int:
     from pathlib import Path
 
     from methods.pipeline.planner import costmodel, predict
+    from suite.config.paths import RESULTS_DIR
     from suite.config.run import RunConfig, apply_overrides
     from suite.config.sizes import parse_size
-    from suite.config.paths import RESULTS_DIR
 
     bad = [m for m in args.methods if m not in predict.SCHEDULES]
     if bad:
@@ -89,17 +116,29 @@ def _plan(args) -> int:
         prof = costmodel.cached_profile(run, cache, threads=args.threads, refresh=args.refresh)
         links = costmodel.load_links(cache)
         prof.p2p, prof.all_reduce = links
-        print(f"profile: {prof.source}; links: p2p {links[0]}, all-reduce {links[1]}"
-              f"{'' if costmodel.links_path(cache).exists() else ' (assumed: run `make planner-check` to calibrate)'}")
+        print(
+            f"profile: {prof.source}; links: p2p {links[0]}, all-reduce {links[1]}"
+            f"{'' if costmodel.links_path(cache).exists() else ' (assumed: run `make planner-check` to calibrate)'}"
+        )
     else:
         spec = costmodel.DEVICE_SPECS[args.device]
         m = run.model
         prof = costmodel.analytic_profile(m.layers, m.hidden, m.heads, run.seq_len, m.vocab_size, spec)
         print(f"profile: {prof.source} (projected from FLOPs; assumptions in methods/pipeline/planner/costmodel.py)")
-    preds = predict.plan(prof, args.workers, args.batch, cap, tuple(args.methods), sizes,
-                         (False, True) if args.recompute == "both" else (args.recompute == "on",))
-    print(f"{run.model.layers} blocks, hidden {run.model.hidden}, sequence {run.seq_len}; {args.workers} workers, "
-          f"global batch <= {args.batch}, memory cap {args.memory or (f'{prof.memory / 1e9:g} GB (device spec)' if prof.memory else 'none')}; ranked, fitting first")
+    preds = predict.plan(
+        prof,
+        args.workers,
+        args.batch,
+        cap,
+        tuple(args.methods),
+        sizes,
+        (False, True) if args.recompute == "both" else (args.recompute == "on",),
+    )
+    cap_text = args.memory or (f"{prof.memory / 1e9:g} GB (device spec)" if prof.memory else "none")
+    print(
+        f"{run.model.layers} blocks, hidden {run.model.hidden}, sequence {run.seq_len}; {args.workers} workers, "
+        f"global batch <= {args.batch}, memory cap {cap_text}; ranked, fitting first"
+    )
     print(predict.render(preds, args.top))
     return 0 if preds and preds[0].fits else 1
 
@@ -114,8 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", action="append", metavar="ROW", help="run only this row (repeatable)")
     r.add_argument("--force", action="store_true", help="re-run cells that already finished")
     r.add_argument("--device-memory", metavar="SIZE", help="cap the GPU's memory, e.g. 16GiB")
-    r.add_argument("--wandb", choices=["off", "offline", "online"], default=None,
-                   help="W&B mode (default: online with an API key, else offline)")
+    r.add_argument(
+        "--wandb",
+        choices=["off", "offline", "online"],
+        default=None,
+        help="W&B mode (default: online with an API key, else offline)",
+    )
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--timeout", type=float, help="seconds per cell (default: the experiment's)")
     r.add_argument("--data-dir", metavar="PATH", help="folder of GLUE TSVs (task folders with train/dev.tsv)")
@@ -131,16 +174,26 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--workers", type=int, required=True, help="devices (ranks) in all: w x d")
     pl.add_argument("--batch", type=int, required=True, help="largest safe global batch")
     pl.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GB (default: the device spec's)")
-    pl.add_argument("--methods", nargs="+", default=["pipedream-2bw"],
-                    help="pipedream-2bw (default), pipedream-flush, gpipe, mp (inter-layer model parallelism)")
+    pl.add_argument(
+        "--methods",
+        nargs="+",
+        default=["pipedream-2bw"],
+        help="pipedream-2bw (default), pipedream-flush, gpipe, mp (inter-layer model parallelism)",
+    )
     pl.add_argument("--micro-batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated candidates for b")
     pl.add_argument("--recompute", choices=["off", "on", "both"], default="both")
-    pl.add_argument("--device", choices=["cpu", "v100"], default="cpu",
-                    help="cpu: per-layer profile measured here (cached); v100: the paper's cluster, from FLOPs")
+    pl.add_argument(
+        "--device",
+        choices=["cpu", "v100"],
+        default="cpu",
+        help="cpu: per-layer profile measured here (cached); v100: the paper's cluster, from FLOPs",
+    )
     pl.add_argument("--threads", type=int, default=1, help="threads per rank when profiling on cpu")
     pl.add_argument("--refresh", action="store_true", help="re-measure the cached profile")
     pl.add_argument("--top", type=int, default=20)
-    pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="model/run override, e.g. model.preset=bert-base")
+    pl.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="model/run override, e.g. model.preset=bert-base"
+    )
     pl.set_defaults(fn=_plan)
     return p
 

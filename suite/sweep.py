@@ -1,4 +1,5 @@
 """Regenerate one experiment: run (or reuse) its cells, then write its tables, figure and W&B table."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,13 +11,23 @@ from suite.records import tracking
 from suite.report import tables
 
 
-def sweep(exp: Experiment, profile: str = "auto", only: list[str] | None = None, force: bool = False,
-          device_memory: str | None = None, overrides: list[str] | None = None, wandb_mode: str | None = None,
-          results_dir: Path | None = None, timeout: float | None = None, progress=print) -> list[dict]:
+def sweep(
+    exp: Experiment,
+    profile: str = "auto",
+    only: list[str] | None = None,
+    force: bool = False,
+    device_memory: str | None = None,
+    overrides: list[str] | None = None,
+    wandb_mode: str | None = None,
+    results_dir: Path | None = None,
+    timeout: float | None = None,
+    progress=print,
+) -> list[dict]:
     """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
-    cells, records = run_cells(exp, profile, only, force, device_memory, overrides, wandb_mode, results_dir,
-                               timeout, progress)
+    cells, records = run_cells(
+        exp, profile, only, force, device_memory, overrides, wandb_mode, results_dir, timeout, progress
+    )
     md_path, csv_path = tables.write_tables(exp, results_dir)
     progress(f"wrote {md_path} and {csv_path}")
     if exp.figure is not None:

@@ -1,4 +1,5 @@
 """Shared test setup: seeded randomness, W&B sandboxed to a temp folder, one CPU thread per test process."""
+
 import os
 import random
 import sys

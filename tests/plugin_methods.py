@@ -1,4 +1,5 @@
 """Test-only methods loaded into cell processes through SUITE_PLUGINS, to make cells fail on purpose."""
+
 from baselines.grad_accum import GradAccum
 from suite.core.registry import register
 

@@ -1,4 +1,5 @@
 """Command line: listing, and clear errors for bad experiments, profiles, rows and --set keys."""
+
 import os
 import subprocess
 import sys
@@ -20,16 +21,19 @@ def test_list_shows_methods_experiments_profiles(capsys):
         assert word in out
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["run", "tabel2"], ["unknown experiment", "did you mean table2"]),
-    (["run", "table2", "--profile", "huge"], ["unknown profile", "tiny, small, paper, auto"]),
-    (["run", "table2", "--only", "baseline-fp33"], ["no row", "baseline-fp32"]),
-    (["run", "table2", "--set", "micro_batch=3"], ["unknown --set key", "micro_batch_size"]),
-    (["run", "table2", "--set", "steps=many"], ["steps", "int"]),
-    (["run", "table2", "--set", "precision=fp8"], ["precision", "fp32"]),
-    (["check", "grad_acum"], ["unknown method", "did you mean grad_accum"]),
-    (["check", "amp", "--set", "precision=fp32"], ["precision", "fp16"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "tabel2"], ["unknown experiment", "did you mean table2"]),
+        (["run", "table2", "--profile", "huge"], ["unknown profile", "tiny, small, paper, auto"]),
+        (["run", "table2", "--only", "baseline-fp33"], ["no row", "baseline-fp32"]),
+        (["run", "table2", "--set", "micro_batch=3"], ["unknown --set key", "micro_batch_size"]),
+        (["run", "table2", "--set", "steps=many"], ["steps", "int"]),
+        (["run", "table2", "--set", "precision=fp8"], ["precision", "fp32"]),
+        (["check", "grad_acum"], ["unknown method", "did you mean grad_accum"]),
+        (["check", "amp", "--set", "precision=fp32"], ["precision", "fp16"]),
+    ],
+)
 def test_bad_input_gets_a_clear_error(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -49,8 +53,24 @@ def test_sizes():
 
 
 def test_check_command_end_to_end():
-    out = subprocess.run([sys.executable, "-m", "suite", "check", "grad_accum", "--steps", "2",
-                          "--set", "num_micro_batches=4", "--set", "micro_batch_size=1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "suite",
+            "check",
+            "grad_accum",
+            "--steps",
+            "2",
+            "--set",
+            "num_micro_batches=4",
+            "--set",
+            "micro_batch_size=1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASS" in out.stdout and "bert.embeddings.word_embeddings.weight" in out.stdout

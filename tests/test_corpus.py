@@ -1,4 +1,5 @@
 """The pre-training corpus: errors that name what is missing, determinism, held-out split."""
+
 import os
 
 import pytest

@@ -1,23 +1,26 @@
 """CUDA behaviour of the harness (run with `make test-cuda` on a GPU machine)."""
+
 import dataclasses
 
 import pytest
 import torch
 
-from suite.core.check import build_method, check, relative_error
 from suite.config.run import RunConfig
+from suite.core.check import build_method, check, relative_error
 from suite.harness.data import synthetic_batches
 from suite.measure.memory import apply_device_memory_cap
 from suite.measure.step import measure
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def test_ag_on_cuda_matches_cpu_without_dropout():
     """Same weights, batches and math on both devices (dropout off: CPU and CUDA draw different bits)."""
-    run = RunConfig(micro_batch_size=2, num_micro_batches=4, model=dataclasses.replace(
-        RunConfig().model, dropout=0.0, attention_dropout=0.0)).validate()
+    run = RunConfig(
+        micro_batch_size=2,
+        num_micro_batches=4,
+        model=dataclasses.replace(RunConfig().model, dropout=0.0, attention_dropout=0.0),
+    ).validate()
     finals = []
     for dev in ("cpu", "cuda"):
         method = build_method(dataclasses.replace(run, device=dev))
@@ -37,8 +40,11 @@ def test_split_equals_big_batch_on_cuda_with_dropout():
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_amp_on_cuda_within_16bit_tolerance(precision):
-    result = check(RunConfig(method="amp", device="cuda", precision=precision, micro_batch_size=2,
-                             num_micro_batches=4), "grad_accum", steps=3)
+    result = check(
+        RunConfig(method="amp", device="cuda", precision=precision, micro_batch_size=2, num_micro_batches=4),
+        "grad_accum",
+        steps=3,
+    )
     assert result.passed, result.report(top=5)
 
 

@@ -1,11 +1,12 @@
 """AG with m micro-batches equals one big batch; AMP stays within the 16-bit tolerance of FP32."""
+
 import dataclasses
 
 import pytest
 import torch
 
-from suite.core.check import TOLERANCE, build_method, check, relative_error
 from suite.config.run import RunConfig
+from suite.core.check import TOLERANCE, build_method, check, relative_error
 from suite.harness.data import synthetic_batches
 
 
@@ -93,8 +94,9 @@ def test_check_fails_a_wrong_method():
 @pytest.mark.parametrize("method, precision", [("grad_accum", "fp32"), ("amp", "bf16")])
 def test_recompute_changes_nothing(method, precision):
     """Per-block activation recompute redraws the same keyed masks: bitwise the same training."""
-    run = RunConfig(method=method, precision=precision, micro_batch_size=2, num_micro_batches=2,
-                    options={"recompute": "on"}).validate()
+    run = RunConfig(
+        method=method, precision=precision, micro_batch_size=2, num_micro_batches=2, options={"recompute": "on"}
+    ).validate()
     plain = dataclasses.replace(run, options={})
     a, b = build_method(run, torch.device("cpu")), build_method(plain, torch.device("cpu"))
     ba, bb = synthetic_batches(run, padded=True), synthetic_batches(plain, padded=True)

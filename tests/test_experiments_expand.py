@@ -1,4 +1,5 @@
 """Every experiment expands into validated cells at every profile (a table must never fail before it runs)."""
+
 import pytest
 
 from suite.core.experiment import all_experiments

@@ -1,4 +1,5 @@
 """Fine-tuning: the loop learns, the best checkpoint, eval-mode scoring of the method's weights, data errors."""
+
 import dataclasses
 import os
 import random
@@ -6,13 +7,13 @@ import random
 import pytest
 import torch
 
-from suite.core import registry
-from suite.core.check import build_method
 from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig, RunConfig
+from suite.core import registry
+from suite.core.check import build_method
+from suite.harness.model import plain_copy
 from suite.tasks.finetune import BestCheckpoint, Evaluator, FinetuneOptions, finetune, prepare, trim
 from suite.tasks.glue import GlueDataError, batches
-from suite.harness.model import plain_copy
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "glue")
 TINY = ModelConfig(preset="tiny", layers=1, hidden=32, heads=2, intermediate=64)
@@ -21,8 +22,16 @@ QUIET = lambda msg: None  # noqa: E731
 
 def tiny_run(task: str, data_dir: str, method: str = "grad_accum", **options) -> RunConfig:
     opts = {"task": task, "data_dir": data_dir, "epochs": 1, "evals_per_epoch": 2, **options}
-    return RunConfig(method=method, model=TINY, seq_len=48, micro_batch_size=4, num_micro_batches=2,
-                     schedule="linear", options=opts, device="cpu")
+    return RunConfig(
+        method=method,
+        model=TINY,
+        seq_len=48,
+        micro_batch_size=4,
+        num_micro_batches=2,
+        schedule="linear",
+        options=opts,
+        device="cpu",
+    )
 
 
 def write_separable(folder, n_train=64, n_dev=32):
@@ -42,8 +51,7 @@ def write_separable(folder, n_train=64, n_dev=32):
 def test_the_loop_learns_a_separable_task_and_keeps_its_best_weights(tmp_path):
     write_separable(tmp_path)
     run = dataclasses.replace(tiny_run("sst2", str(tmp_path), epochs=6), optimizer="adamw", lr=3e-3)
-    res = finetune(run, FinetuneOptions.from_run(run), torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt",
-                   log=QUIET)
+    res = finetune(run, FinetuneOptions.from_run(run), torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt", log=QUIET)
     scores = [p["accuracy"] for p in res.curve]
     assert scores[0] < 75 and res.score >= 90, scores
     assert res.run.total_steps == 6 * 8 and res.run.warmup_steps == 5  # 10% of 48 steps, rounded
@@ -59,8 +67,9 @@ def test_the_loop_learns_a_separable_task_and_keeps_its_best_weights(tmp_path):
 def test_best_checkpoint_keeps_the_first_best_and_ignores_nan(tmp_path):
     states = {s: {"w": torch.full((2,), float(s))} for s in range(5)}
     for best in (BestCheckpoint(), BestCheckpoint(tmp_path / "best.pt")):
-        offered = [best.offer(score, step, states[step]) for step, score in
-                   enumerate([50.0, 70.0, 70.0, 60.0, float("nan")])]
+        offered = [
+            best.offer(score, step, states[step]) for step, score in enumerate([50.0, 70.0, 70.0, 60.0, float("nan")])
+        ]
         assert offered == [True, True, False, False, False]
         assert (best.score, best.step) == (70.0, 1)
         assert torch.equal(best.load()["w"], states[1]["w"])
@@ -69,8 +78,9 @@ def test_best_checkpoint_keeps_the_first_best_and_ignores_nan(tmp_path):
 
 
 def test_evaluation_scores_the_methods_current_weights_in_eval_mode():
-    run = dataclasses.replace(tiny_run("rte", FIXTURES), model=dataclasses.replace(TINY, dropout=0.5,
-                                                                                   attention_dropout=0.5))
+    run = dataclasses.replace(
+        tiny_run("rte", FIXTURES), model=dataclasses.replace(TINY, dropout=0.5, attention_dropout=0.5)
+    )
     data = prepare(run, FinetuneOptions.from_run(run))
     method = build_method(data.run, torch.device("cpu"))
     batch = next(batches(data.train, 8, 0))

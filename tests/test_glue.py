@@ -1,4 +1,5 @@
 """GLUE loading from TSVs (fixtures, malformed files, real copy), the trained tokenizer, and minibatches."""
+
 import csv
 import hashlib
 import json
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from suite.tasks import glue
 from suite.harness.data import MiniBatch
+from suite.tasks import glue
 from suite.tasks.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +36,7 @@ def tokenizer():
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("task,split", SPLITS)
 def test_fixture_splits_load(task, split):
@@ -99,14 +101,17 @@ def test_unknown_task_lists_tasks():
 RTE_HEADER = "index\tsentence1\tsentence2\tlabel\n"
 
 
-@pytest.mark.parametrize("task,folder,text,expected", [
-    ("rte", "RTE", "index\tsentence1\tsentence2\n0\ta\tb\n", "sentence1, sentence2, label"),
-    ("rte", "RTE", RTE_HEADER + "0\ta\tb\tentailment\n1\ta\tnot_entailment\n", "sentence1, sentence2, label"),
-    ("rte", "RTE", RTE_HEADER + "0\ta\tb\tmaybe\n", "sentence1, sentence2, label"),
-    ("stsb", "STS-B", "sentence1\tsentence2\tscore\na\tb\thigh\n", "sentence1, sentence2, score"),
-    ("cola", "CoLA", "gj04\t1\t\tFine.\ngj04\t1\tShort.\n", "source, label, original-label, sentence"),
-    ("sst2", "SST-2", "sentence\tlabel\ngood\t2\n", "sentence, label"),
-])
+@pytest.mark.parametrize(
+    "task,folder,text,expected",
+    [
+        ("rte", "RTE", "index\tsentence1\tsentence2\n0\ta\tb\n", "sentence1, sentence2, label"),
+        ("rte", "RTE", RTE_HEADER + "0\ta\tb\tentailment\n1\ta\tnot_entailment\n", "sentence1, sentence2, label"),
+        ("rte", "RTE", RTE_HEADER + "0\ta\tb\tmaybe\n", "sentence1, sentence2, label"),
+        ("stsb", "STS-B", "sentence1\tsentence2\tscore\na\tb\thigh\n", "sentence1, sentence2, score"),
+        ("cola", "CoLA", "gj04\t1\t\tFine.\ngj04\t1\tShort.\n", "source, label, original-label, sentence"),
+        ("sst2", "SST-2", "sentence\tlabel\ngood\t2\n", "sentence, label"),
+    ],
+)
 def test_malformed_tsv_names_file_and_columns(tmp_path, task, folder, text, expected):
     path = tmp_path / folder / "train.tsv"
     path.parent.mkdir()
@@ -123,15 +128,22 @@ def test_missing_folder(tmp_path):
 
 def test_hub_path_renames_columns(monkeypatch):
     import datasets
+
     calls = []
 
     def fake_load(name, config, split):
         calls.append((name, config, split))
-        feats = datasets.Features({"question": datasets.Value("string"), "sentence": datasets.Value("string"),
-                                   "label": datasets.ClassLabel(names=["entailment", "not_entailment"]),
-                                   "idx": datasets.Value("int32")})
-        return datasets.Dataset.from_dict({"question": ["q?"], "sentence": ["s."], "label": [1], "idx": [0]},
-                                          features=feats)
+        feats = datasets.Features(
+            {
+                "question": datasets.Value("string"),
+                "sentence": datasets.Value("string"),
+                "label": datasets.ClassLabel(names=["entailment", "not_entailment"]),
+                "idx": datasets.Value("int32"),
+            }
+        )
+        return datasets.Dataset.from_dict(
+            {"question": ["q?"], "sentence": ["s."], "label": [1], "idx": [0]}, features=feats
+        )
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     ds = glue.load_split("qnli", "dev")
@@ -140,6 +152,7 @@ def test_hub_path_renames_columns(monkeypatch):
 
 
 # ---- tokenizer -------------------------------------------------------------------------------------------
+
 
 def _vocab_hash(tok):
     return hashlib.sha256(json.dumps(tok.get_vocab(), sort_keys=True).encode()).hexdigest()
@@ -151,10 +164,18 @@ def test_tokenizer_deterministic(tokenizer):
     assert again.get_vocab() == tokenizer.get_vocab()
     assert again(texts[:20])["input_ids"] == tokenizer(texts[:20])["input_ids"]
     # tokenizers' own trainer varies between processes (hash order); ours must not.
-    code = ("from tests.test_glue import _all_texts, _vocab_hash; from suite.tasks.tokenizer import load_tokenizer; "
-            "print(_vocab_hash(load_tokenizer(None, _all_texts(), vocab_size=512)))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "from tests.test_glue import _all_texts, _vocab_hash; from suite.tasks.tokenizer import load_tokenizer; "
+        "print(_vocab_hash(load_tokenizer(None, _all_texts(), vocab_size=512)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.stdout.strip().splitlines()[-1] == _vocab_hash(tokenizer)
 
 
@@ -179,6 +200,7 @@ def test_load_tokenizer_errors(tmp_path):
 
 
 # ---- tokenize + batches ----------------------------------------------------------------------------------
+
 
 def test_tokenize_pads_and_truncates(tokenizer):
     tok = glue.tokenize(glue.load_split("rte", "dev", FIXTURES), tokenizer, max_len=48)
@@ -218,8 +240,9 @@ def test_batches_seeded_order(tokenizer):
     assert a == order(1, epochs=2) and a != order(2, epochs=2)
     assert a[:64] != a[64:]  # a fresh permutation per epoch
     stream = glue.batches(tok, 8, seed=1)  # endless by default, same stream
-    assert [next(stream).input_ids.tolist() for _ in range(16)] == [b.input_ids.tolist() for b in
-                                                                  glue.batches(tok, 8, seed=1, epochs=2)]
+    assert [next(stream).input_ids.tolist() for _ in range(16)] == [
+        b.input_ids.tolist() for b in glue.batches(tok, 8, seed=1, epochs=2)
+    ]
     seq = list(glue.batches(tok, 24, seed=0, shuffle=False, drop_last=False, epochs=1))
     assert [b.size for b in seq] == [24, 24, 16]
     assert torch.equal(torch.cat([b.input_ids for b in seq]), ids)
@@ -228,6 +251,7 @@ def test_batches_seeded_order(tokenizer):
 
 
 # ---- the real GLUE copy (slow) ---------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL.is_dir(), reason="no GLUE copy at /work/shared/data/glue")
@@ -240,7 +264,16 @@ def test_real_files_row_counts():
         ds = glue.load_split(task, split, REAL)
         assert len(ds) == lines - t.header, (task, split)
         sizes[task, split] = len(ds)
-    assert sizes == {("cola", "train"): 8551, ("cola", "dev"): 1043, ("sst2", "train"): 67349,
-                     ("sst2", "dev"): 872, ("mrpc", "train"): 3668, ("mrpc", "dev"): 408,
-                     ("rte", "train"): 2490, ("rte", "dev"): 277, ("stsb", "train"): 5749,
-                     ("stsb", "dev"): 1500, ("qnli", "dev"): 5463}
+    assert sizes == {
+        ("cola", "train"): 8551,
+        ("cola", "dev"): 1043,
+        ("sst2", "train"): 67349,
+        ("sst2", "dev"): 872,
+        ("mrpc", "train"): 3668,
+        ("mrpc", "dev"): 408,
+        ("rte", "train"): 2490,
+        ("rte", "dev"): 277,
+        ("stsb", "train"): 5749,
+        ("stsb", "dev"): 1500,
+        ("qnli", "dev"): 5463,
+    }

@@ -1,13 +1,14 @@
 """L2L Tables 3-6: definitions expand into valid cells at every profile, carry the paper's values, and one runs."""
+
 import dataclasses
 import os
 
 import pytest
 
 from experiments import l2l_common, table5, table6
-from suite.core import registry
 from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig
+from suite.core import registry
 from suite.core.experiment import get_experiment
 from suite.harness.model import build_model
 from suite.sweep import sweep
@@ -50,8 +51,10 @@ def test_paper_values_are_the_papers():
     t4 = {(r.labels["paper #GPUs"], r.labels["#uBatches"]): r.paper for r in get_experiment("table4").rows("tiny")}
     for gpus, _, n, _, thr in _paper_table(4):
         assert t4[(int(gpus), int(n))] == {"throughput": float(thr)}
-    t5 = {(r.labels["paper method"], r.labels["#layers"]): r.paper.get("memory_gb")
-          for r in get_experiment("table5").rows("paper")}
+    t5 = {
+        (r.labels["paper method"], r.labels["#layers"]): r.paper.get("memory_gb")
+        for r in get_experiment("table5").rows("paper")
+    }
     lines = _paper_table(5)
     assert len(lines) == 8
     for method, _, _, layers, _, mem in lines:
@@ -95,8 +98,15 @@ def test_table5_two_depths_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # The baseline and L2L with a host stash, at two depths (stash=gpu's slope is tests/l2l/test_l2l_memory.py's).
     only = [f"{v}-x{s}" for v in ("baseline", "stash-cpu") for s in (1, 2)]
-    records = sweep(table5.EXPERIMENT, profile="tiny", only=only, overrides=["warmup=0", "steps=1"],
-                    wandb_mode="off", results_dir=tmp_path, progress=lambda m: None)
+    records = sweep(
+        table5.EXPERIMENT,
+        profile="tiny",
+        only=only,
+        overrides=["warmup=0", "steps=1"],
+        wandb_mode="off",
+        results_dir=tmp_path,
+        progress=lambda m: None,
+    )
     got = {r["row"]: r for r in records}
     assert {r: got[r]["status"] for r in only} == {**{r: "ok" for r in only}, "baseline-x2": "oom"}
     mem = {r: got[r]["metrics"].get("memory_gb") for r in only}

@@ -1,11 +1,12 @@
 """GPT-2 and BERT-MLM through the layered view: split invariance, L2L and 2BW equivalence, masks, HF parity."""
+
 import dataclasses
 
 import pytest
 import torch
 
-from suite.core.check import build_method, check, relative_error
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method, check, relative_error
 from suite.harness.data import synthetic_batch, synthetic_batches
 from suite.harness.masking import MASK_ID, mask_tokens
 from suite.harness.model import build_model, plain_copy
@@ -42,8 +43,9 @@ def test_l2l_equals_grad_accum(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pipedream_2bw_equals_reference(family):
-    run = RunConfig(method="pipedream-2bw", model=ModelConfig(family=family),
-                    options={"executor": "reference", "stages": 2})
+    run = RunConfig(
+        method="pipedream-2bw", model=ModelConfig(family=family), options={"executor": "reference", "stages": 2}
+    )
     res = check(run, "2bw-reference", 4)
     assert res.passed, res.report(top=5)
 
@@ -89,8 +91,10 @@ def test_gpt2_is_causal():
 
 
 def test_embeddings_and_heads_are_untied():
-    for family, pair in (("gpt2", ("transformer.wte.weight", "lm_head.weight")),
-                         ("bert-mlm", ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"))):
+    for family, pair in (
+        ("gpt2", ("transformer.wte.weight", "lm_head.weight")),
+        ("bert-mlm", ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight")),
+    ):
         params = dict(build_model(ModelConfig(family=family), 1).hf.named_parameters())
         assert params[pair[0]] is not params[pair[1]]
 

@@ -1,4 +1,5 @@
 """Measurement: the CPU live-bytes tracker follows allocations and frees, and enforces a cap."""
+
 import pytest
 import torch
 
@@ -11,9 +12,9 @@ from suite.measure.step import measure
 
 def test_tracker_counts_live_storages_not_views():
     with LiveBytesTracker() as t:
-        a = torch.ones(1000)           # 4000 bytes
-        v = a.view(10, 100)            # a view: no new storage
-        b = torch.ones(500)            # 2000 bytes
+        a = torch.ones(1000)  # 4000 bytes
+        v = a.view(10, 100)  # a view: no new storage
+        b = torch.ones(500)  # 2000 bytes
         assert t.live == 6000
         del b
         assert t.live == 4000

@@ -1,4 +1,5 @@
 """GLUE metrics against hand-computed values and their definitions."""
+
 import math
 
 import pytest
@@ -52,8 +53,9 @@ def test_correlation_of_a_constant_is_undefined():
 def test_compute_gives_each_task_its_glue_metrics():
     assert metrics.compute("mrpc", [1, 1, 1, 0], [1, 1, 0, 0]) == pytest.approx({"f1": 0.8, "accuracy": 0.75})
     assert metrics.compute("cola", [1, 0, 0, 0], [1, 1, 0, 0]) == pytest.approx({"matthews": 2 / math.sqrt(12)})
-    assert metrics.compute("stsb", [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]) == \
-        pytest.approx({"pearson": 0.8, "spearman": 0.8})
+    assert metrics.compute("stsb", [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(
+        {"pearson": 0.8, "spearman": 0.8}
+    )
     for task in ("rte", "sst2", "qnli"):
         assert metrics.compute(task, [0, 1], [0, 0]) == {"accuracy": 0.5}
     assert metrics.headline("cola", {"matthews": 0.5}) == 50.0

@@ -1,4 +1,5 @@
 """The layered view computes what the Hugging Face model computes, and builds the paper's presets."""
+
 import pytest
 import torch
 
@@ -18,8 +19,12 @@ def test_layered_forward_matches_huggingface(padded, attn):
     ctx = model.begin(batch, seed=0, step=0, denom=batch.size)
     loss = model.forward_micro_batch(ctx)
     with torch.no_grad():
-        ref = plain(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       token_type_ids=batch.token_type_ids, labels=batch.labels)
+        ref = plain(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            token_type_ids=batch.token_type_ids,
+            labels=batch.labels,
+        )
     torch.testing.assert_close(ctx.logits, ref.logits, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, ref.loss, rtol=1e-5, atol=1e-6)
 

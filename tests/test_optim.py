@@ -1,4 +1,5 @@
 """LAMB against a direct transcription of its update rule; the layerwise optimizer and LR schedule."""
+
 import math
 
 import pytest
@@ -18,8 +19,8 @@ def lamb_reference(ws, grads_per_step, lr, b1, b2, eps, wd):
             g = g.double()
             ms[i] = b1 * ms[i] + (1 - b1) * g
             vs[i] = b2 * vs[i] + (1 - b2) * g * g
-            m_hat = ms[i] / (1 - b1 ** t)
-            v_hat = vs[i] / (1 - b2 ** t)
+            m_hat = ms[i] / (1 - b1**t)
+            v_hat = vs[i] / (1 - b2**t)
             r = m_hat / (v_hat.sqrt() + eps)
             u = r + wd * w
             w_norm, u_norm = w.norm().item(), u.norm().item()
@@ -65,8 +66,11 @@ def test_layerwise_step_touches_only_its_layer():
 
 def test_no_weight_decay_on_bias_and_layernorm():
     run = RunConfig(optimizer="lamb", weight_decay=0.5).validate()
-    named = [("x.weight", torch.nn.Parameter(torch.ones(2))), ("x.bias", torch.nn.Parameter(torch.ones(2))),
-             ("x.LayerNorm.weight", torch.nn.Parameter(torch.ones(2)))]
+    named = [
+        ("x.weight", torch.nn.Parameter(torch.ones(2))),
+        ("x.bias", torch.nn.Parameter(torch.ones(2))),
+        ("x.LayerNorm.weight", torch.nn.Parameter(torch.ones(2))),
+    ]
     opt = LayerwiseOptimizer([named], run)
     decays = {id(p): g["weight_decay"] for g in opt.opts[0].param_groups for p in g["params"]}
     assert [decays[id(p)] for _, p in named] == [0.5, 0.0, 0.0]

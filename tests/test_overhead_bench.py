@@ -1,9 +1,10 @@
 """Benchmark (skipped by default): a grad_accum forward/backward through the layered view vs plain Hugging Face."""
+
 import pytest
 import torch
 
-from suite.config.run import RunConfig, apply_overrides
 from experiments.benchmarks.overhead import PROFILES, make_steps
+from suite.config.run import RunConfig, apply_overrides
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,15 @@
 """The method registry: duplicates refused, typos answered with the closest names."""
+
 import pytest
 
-from suite.core import registry
 from suite.config.errors import ConfigError
+from suite.core import registry
 
 
 def test_duplicate_names_are_refused():
     cls = registry.get("grad_accum")
     with pytest.raises(ValueError, match="already registered"):
+
         @registry.register("grad_accum")
         class Other(cls):
             pass

@@ -1,4 +1,5 @@
 """Keyed dropout masks: independent of the micro-batch split and of execution order; sound statistics."""
+
 import pytest
 import torch
 
@@ -20,8 +21,7 @@ def test_split_draws_the_same_masks_as_one_batch():
 def test_masks_are_reproducible_and_depend_on_every_key_part():
     base = _mask((4, 16))
     assert torch.equal(base, _mask((4, 16)))  # a recompute draws the same mask
-    for other in (_mask((4, 16), seed=2), _mask((4, 16), step=1), _mask((4, 16), layer=4),
-                  _mask((4, 16), sites=2)):
+    for other in (_mask((4, 16), seed=2), _mask((4, 16), step=1), _mask((4, 16), layer=4), _mask((4, 16), sites=2)):
         assert not torch.equal(base, other)
 
 

@@ -1,25 +1,41 @@
 """The runner: one status per cell, failures recorded without stopping the sweep, resume, W&B read-back."""
+
 import json
 import os
 
 import pytest
 
 from suite.core import registry
-from suite.records import store
-from suite.records import tracking
 from suite.core.experiment import Experiment, Metric, Row
+from suite.records import store, tracking
 from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-TINY = {"model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.intermediate": 64, "seq_len": 8,
-        "micro_batch_size": 2, "num_micro_batches": 2, "warmup": 0, "steps": 1}
+TINY = {
+    "model.layers": 1,
+    "model.hidden": 32,
+    "model.heads": 2,
+    "model.intermediate": 64,
+    "seq_len": 8,
+    "micro_batch_size": 2,
+    "num_micro_batches": 2,
+    "warmup": 0,
+    "steps": 1,
+}
 
 
 def make_experiment(rows):
-    return Experiment(name="runner-test", title="runner test", source="tests", baseline=rows[0].name,
-                      metrics=[Metric("throughput", "throughput"), Metric("memory_gb", "memory")],
-                      label_columns=["precision"], rows=lambda profile: rows, base=lambda profile: TINY,
-                      timeout=lambda profile: 120.0)
+    return Experiment(
+        name="runner-test",
+        title="runner test",
+        source="tests",
+        baseline=rows[0].name,
+        metrics=[Metric("throughput", "throughput"), Metric("memory_gb", "memory")],
+        label_columns=["precision"],
+        rows=lambda profile: rows,
+        base=lambda profile: TINY,
+        timeout=lambda profile: 120.0,
+    )
 
 
 @pytest.fixture
@@ -27,17 +43,20 @@ def plugins(monkeypatch):
     monkeypatch.setenv("SUITE_PLUGINS", "plugin_methods")
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
     import plugin_methods  # noqa: F401  registers always-fails in this process too
+
     yield
     registry.unregister("always-fails")
 
 
 def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sandbox):
-    exp = make_experiment([
-        Row("ok", "grad_accum", labels={"precision": "FP32"}, paper={"throughput": 10.0, "memory_gb": 1.0}),
-        Row("error", "always-fails"),
-        Row("oom", "grad_accum", {"device_memory": "1KiB"}),
-        Row("missing", "not-a-method-yet"),
-    ])
+    exp = make_experiment(
+        [
+            Row("ok", "grad_accum", labels={"precision": "FP32"}, paper={"throughput": 10.0, "memory_gb": 1.0}),
+            Row("error", "always-fails"),
+            Row("oom", "grad_accum", {"device_memory": "1KiB"}),
+            Row("missing", "not-a-method-yet"),
+        ]
+    )
     records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None)
     status = {r["row"]: r["status"] for r in records}
     assert status["ok"] == "ok"
@@ -63,8 +82,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
 
 def test_timeout_is_a_status(tmp_path):
     exp = make_experiment([Row("slow", "grad_accum")])
-    (rec,) = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5,
-                   progress=lambda m: None)
+    (rec,) = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5, progress=lambda m: None)
     assert rec["status"] == "timeout"
 
 
@@ -86,6 +104,5 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
     assert any("a (grad_accum, tiny): ok (cached" in m for m in seen)
     assert first[0].stat().st_mtime_ns == stamp
     # --force runs it again
-    sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", force=True, only=["a"],
-          progress=lambda m: None)
+    sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", force=True, only=["a"], progress=lambda m: None)
     assert first[0].stat().st_mtime_ns != stamp

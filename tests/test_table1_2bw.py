@@ -1,4 +1,5 @@
 """The 2bw-table1 experiment expands to its four pre-training cells."""
+
 import pytest
 
 from suite.core.experiment import get_experiment
@@ -8,8 +9,11 @@ def test_tiny_expands_to_four_pipeline_cells(monkeypatch):
     monkeypatch.delenv("SUITE_GLUE_DIR", raising=False)
     cells = get_experiment("2bw-table1").cells("tiny")
     assert [(c.row.name, c.run.method, c.run.model.family) for c in cells] == [
-        ("bert-vanilla", "pipedream-flush", "bert-mlm"), ("bert-2bw", "pipedream-2bw", "bert-mlm"),
-        ("gpt2-vanilla", "pipedream-flush", "gpt2"), ("gpt2-2bw", "pipedream-2bw", "gpt2")]
+        ("bert-vanilla", "pipedream-flush", "bert-mlm"),
+        ("bert-2bw", "pipedream-2bw", "bert-mlm"),
+        ("gpt2-vanilla", "pipedream-flush", "gpt2"),
+        ("gpt2-2bw", "pipedream-2bw", "gpt2"),
+    ]
     for c in cells:
         assert c.kind == "pretrain" and c.run.device == "cpu"
         assert c.run.options["executor"] == "dist" and c.run.options["stages"] == 2

@@ -1,4 +1,5 @@
 """Table 7 and Figure 4: rows and paper values, a tiny sweep through the runner, the equivalence report."""
+
 import json
 from pathlib import Path
 
@@ -42,8 +43,9 @@ def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch)
 
 def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
     rows = ["rte-baseline-fp32", "rte-baseline-amp"]
-    records = sweep(table7.EXPERIMENT, profile="tiny", only=rows, results_dir=results_env, wandb_mode="off",
-                    progress=lambda m: None)
+    records = sweep(
+        table7.EXPERIMENT, profile="tiny", only=rows, results_dir=results_env, wandb_mode="off", progress=lambda m: None
+    )
     assert [r["status"] for r in records] == ["ok", "ok"], [r.get("error") for r in records]
     m = records[0]["metrics"]
     assert m["task"] == "rte" and 0 <= m["score"] <= 100 and m["score"] == m["accuracy"]
@@ -61,29 +63,42 @@ def _record(tmp_path, name, weights, curve):
     path = tmp_path / f"{name}.pt"
     torch.save(weights, path)
     last = curve[-1]
-    return {"status": "ok", "metrics": {"accuracy": last["accuracy"], "curve": curve, "final_weights": path.name,
-                                        "final_weights_digest": name}}
+    return {
+        "status": "ok",
+        "metrics": {
+            "accuracy": last["accuracy"],
+            "curve": curve,
+            "final_weights": path.name,
+            "final_weights_digest": name,
+        },
+    }
 
 
 def test_equivalence_reports_the_largest_differences(tmp_path):
-    w = {"bert.encoder.layer.0.attention.self.key.bias": torch.tensor([1e-9, 0.0]),
-         "classifier.weight": torch.tensor([1.0, 2.0, 2.0])}
-    v = {"bert.encoder.layer.0.attention.self.key.bias": torch.tensor([3e-9, 0.0]),
-         "classifier.weight": torch.tensor([1.0, 2.0, 2.0 + 2 ** -18])}
+    w = {
+        "bert.encoder.layer.0.attention.self.key.bias": torch.tensor([1e-9, 0.0]),
+        "classifier.weight": torch.tensor([1.0, 2.0, 2.0]),
+    }
+    v = {
+        "bert.encoder.layer.0.attention.self.key.bias": torch.tensor([3e-9, 0.0]),
+        "classifier.weight": torch.tensor([1.0, 2.0, 2.0 + 2**-18]),
+    }
     a = _record(tmp_path, "a", w, [{"step": 0, "accuracy": 50.0}, {"step": 4, "accuracy": 60.0}])
     b = _record(tmp_path, "b", v, [{"step": 0, "accuracy": 50.0}, {"step": 4, "accuracy": 62.5}])
     d = table7_equivalence.compare(tmp_path, a, b)
     assert d["dev_final"] == d["dev_curve"] == 2.5 and not d["same_digest"]
-    assert d["weight_abs"] == 2 ** -18
+    assert d["weight_abs"] == 2**-18
     # the key bias (zero gradient, pure rounding) is not the worst relative tensor despite its 200% change
-    assert d["weight_rel_name"] == "classifier.weight" and d["weight_rel"] == pytest.approx(2 ** -18 / 3, rel=1e-6)
+    assert d["weight_rel_name"] == "classifier.weight" and d["weight_rel"] == pytest.approx(2**-18 / 3, rel=1e-6)
     json.dumps(d)  # the report's numbers are plain values
     assert d["loss_steps"] is None  # these curves carry no training loss
 
 
 def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
     w = {"classifier.weight": torch.tensor([1.0])}
-    curve_a = [{"step": s, "accuracy": 50.0, "train_loss": loss} for s, loss in ((0, None), (4, 0.7), (8, 0.6), (12, 0.5))]
+    curve_a = [
+        {"step": s, "accuracy": 50.0, "train_loss": loss} for s, loss in ((0, None), (4, 0.7), (8, 0.6), (12, 0.5))
+    ]
     drift = {4: 0.7 * (1 + 1e-8), 8: 0.6 * (1 + 1e-3), 12: 0.5 * (1 + 1e-1)}
     curve_b = [{**p, "train_loss": drift.get(p["step"])} for p in curve_a]
     d = table7_equivalence.compare(tmp_path, _record(tmp_path, "a", w, curve_a), _record(tmp_path, "b", w, curve_b))

@@ -11,7 +11,11 @@ import pytest
 from suite.records import tracking
 
 _DIR_VARS = (
-    "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR",
+    "WANDB_DIR",
+    "WANDB_CACHE_DIR",
+    "WANDB_CONFIG_DIR",
+    "WANDB_DATA_DIR",
+    "WANDB_ARTIFACT_DIR",
 )
 
 
@@ -45,14 +49,22 @@ def runs(tmp_path_factory):
         _teardown_wandb()
         try:
             cell = tracking.log_cell(
-                experiment="exp1", row="r1", method="adamw",
-                config=CONFIG, provenance=PROVENANCE, summary=SUMMARY,
-                status="ok", mode="offline", dir=str(root / "out"),
+                experiment="exp1",
+                row="r1",
+                method="adamw",
+                config=CONFIG,
+                provenance=PROVENANCE,
+                summary=SUMMARY,
+                status="ok",
+                mode="offline",
+                dir=str(root / "out"),
             )
             table = tracking.log_table(
-                experiment="exp1", columns=["row", "method", "loss"],
+                experiment="exp1",
+                columns=["row", "method", "loss"],
                 rows=[["r1", "adamw", 1.25], ["r2", "sgd", "NA"], ["r3", "sgd", None]],
-                mode="offline", dir=str(root / "out"),
+                mode="offline",
+                dir=str(root / "out"),
             )
         finally:
             _teardown_wandb()
@@ -62,7 +74,11 @@ def runs(tmp_path_factory):
 CONFIG = {"lr": 0.001, "batch": 8, "opt": {"betas": [0.9, 0.95]}}
 PROVENANCE = {"git": "abc123", "host": {"gpu": "H200", "n": 1}}
 SUMMARY = {
-    "loss": 1.25, "peak_mem_gib": 12, "note": "fine", "diverged": float("nan"), "skipped": None,
+    "loss": 1.25,
+    "peak_mem_gib": 12,
+    "note": "fine",
+    "diverged": float("nan"),
+    "skipped": None,
 }
 
 
@@ -79,11 +95,20 @@ def test_cell_round_trip(runs):
 def test_cell_run_identity(runs):
     _, cell, _ = runs
     exe = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(exe), "leet", "inspect", "--json", cell], capture_output=True,
-                         text=True, check=True, env={**os.environ, "WANDB_MODE": "offline"})
+    out = subprocess.run(
+        [str(exe), "leet", "inspect", "--json", cell],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
     run = next(r["run"] for r in map(json.loads, out.stdout.splitlines()) if r["type"] == "run")
     assert (run["project"], run["run_group"], run["job_type"], run["display_name"]) == (
-        tracking.PROJECT, "exp1", "adamw", "exp1/r1")
+        tracking.PROJECT,
+        "exp1",
+        "adamw",
+        "exp1/r1",
+    )
 
 
 def test_table_recorded(runs):
@@ -92,8 +117,10 @@ def test_table_recorded(runs):
     entry = tracking.read_offline_run(table)["summary"]["exp1"]
     assert entry["_type"] == "table-file" and (entry["nrows"], entry["ncols"]) == (3, 3)
     data = json.loads((Path(table) / "files" / entry["path"]).read_text())
-    assert data == {"columns": ["row", "method", "loss"],
-                    "data": [["r1", "adamw", 1.25], ["r2", "sgd", "NA"], ["r3", "sgd", None]]}
+    assert data == {
+        "columns": ["row", "method", "loss"],
+        "data": [["r1", "adamw", 1.25], ["r2", "sgd", "NA"], ["r3", "sgd", None]],
+    }
 
 
 def test_everything_stays_in_the_given_dirs(runs):
@@ -105,8 +132,7 @@ def test_everything_stays_in_the_given_dirs(runs):
 def test_off_writes_nothing(env):
     out = env / "off"
     kw = dict(experiment="e", mode="off", dir=str(out))
-    assert tracking.log_cell(row="r", method="m", config={}, provenance={}, summary={},
-                             status="ok", **kw) is None
+    assert tracking.log_cell(row="r", method="m", config={}, provenance={}, summary={}, status="ok", **kw) is None
     assert tracking.log_table(columns=["a"], rows=[[1]], **kw) is None
     assert not out.exists() and sorted(p.name for p in env.iterdir()) == []
 
@@ -115,8 +141,7 @@ def test_missing_wandb_warns_once(env, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     monkeypatch.setattr(tracking, "_warned_missing", False)
     for _ in range(2):
-        assert tracking.log_table(experiment="e", columns=["a"], rows=[[1]], mode="offline",
-                                  dir=str(env / "x")) is None
+        assert tracking.log_table(experiment="e", columns=["a"], rows=[[1]], mode="offline", dir=str(env / "x")) is None
     assert capsys.readouterr().err.count("wandb is not installed") == 1
 
 

@@ -10,6 +10,7 @@ grad_accum. Rank 0 writes OUT.md and OUT.json with provenance. (A script under t
 in-process pytest-benchmark timer: the timed work spans processes; the pytest-benchmark test
 launches this script.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,16 +26,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from suite.core.check import build_method, relative_error
+from methods.pipeline.executors.dist import rank_main
+from methods.pipeline.executors.stage import Stage
+from methods.pipeline.method import split_layers
+from suite.config.paths import ROOT
 from suite.config.run import RunConfig, apply_overrides
+from suite.core.check import build_method, relative_error
 from suite.harness.data import synthetic_batches
 from suite.harness.model import build_model
-from suite.config.paths import ROOT
 from suite.measure.provenance import provenance
-
-from methods.pipeline.executors.dist import rank_main
-from methods.pipeline.method import split_layers
-from methods.pipeline.executors.stage import Stage
 
 # A tiny BERT whose parameter-balanced 2-way split is also compute-balanced (embeddings + 2 blocks |
 # 2 blocks + head): with the default 1024-token vocabulary the embeddings outweigh a block and the
@@ -83,8 +83,13 @@ def _local_time(step) -> float:
 
 def _summary(times: list[float], samples: int) -> dict:
     med = statistics.median(times)
-    return {"step_time_median_s": med, "step_time_min_s": min(times), "step_time_max_s": max(times),
-            "samples_per_s": samples / med, "timed_steps": len(times)}
+    return {
+        "step_time_median_s": med,
+        "step_time_min_s": min(times),
+        "step_time_max_s": max(times),
+        "samples_per_s": samples / med,
+        "timed_steps": len(times),
+    }
 
 
 def _torch_pipeline(run, schedule_cls, batches, grads_only: bool = False):
@@ -115,6 +120,7 @@ def _torch_pipeline(run, schedule_cls, batches, grads_only: bool = False):
         if not grads_only:
             stage.update(count[0])
             count[0] += 1
+
     return step, stage
 
 
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(runners)
     for rnd in range(args.rounds + 1):  # round 0 warms up
         # Odd rounds run in reverse, so no runner always follows the same one.
-        for name in (names if rnd % 2 == 0 else names[::-1]):
+        for name in names if rnd % 2 == 0 else names[::-1]:
             fn = runners[name]
             if name.startswith("grad_accum"):
                 dts = [_local_time(fn) for _ in range(args.steps)] if fn is not None else []
@@ -186,16 +192,28 @@ def main(argv: list[str] | None = None) -> int:
         ideal = d * m / (m + d - 1)
         t_ga = results["grad_accum (1 rank)"]["step_time_median_s"]
         pairs = {"gpipe": "torch ScheduleGPipe", "pipedream-flush": "torch Schedule1F1B"}
-        comparison = {name: {"ours_over_torch_step_time": results[f"ours {name}"]["step_time_median_s"]
-                             / results[torch_name]["step_time_median_s"],
-                             "speedup_over_grad_accum": t_ga / results[f"ours {name}"]["step_time_median_s"],
-                             "torch_speedup_over_grad_accum": t_ga / results[torch_name]["step_time_median_s"],
-                             "max_grad_rel_error_vs_torch": torch_grads_err[torch_name.split()[1]]}
-                      for name, torch_name in pairs.items()}
-        record = {"config": base.to_dict(), "ranks": d, "threads_per_rank": torch.get_num_threads(),
-                  "load_average_1min_at_end": os.getloadavg()[0], "cpu_count": os.cpu_count(),
-                  "micro_batches": m, "ideal_speedup": ideal, "results": results, "comparison": comparison,
-                  "provenance": provenance(torch.device("cpu"), "tiny", None)}
+        comparison = {
+            name: {
+                "ours_over_torch_step_time": results[f"ours {name}"]["step_time_median_s"]
+                / results[torch_name]["step_time_median_s"],
+                "speedup_over_grad_accum": t_ga / results[f"ours {name}"]["step_time_median_s"],
+                "torch_speedup_over_grad_accum": t_ga / results[torch_name]["step_time_median_s"],
+                "max_grad_rel_error_vs_torch": torch_grads_err[torch_name.split()[1]],
+            }
+            for name, torch_name in pairs.items()
+        }
+        record = {
+            "config": base.to_dict(),
+            "ranks": d,
+            "threads_per_rank": torch.get_num_threads(),
+            "load_average_1min_at_end": os.getloadavg()[0],
+            "cpu_count": os.cpu_count(),
+            "micro_batches": m,
+            "ideal_speedup": ideal,
+            "results": results,
+            "comparison": comparison,
+            "provenance": provenance(torch.device("cpu"), "tiny", None),
+        }
         write(record, Path(args.out))
         print(Path(args.out).with_suffix(".md").read_text())
     dist.barrier()
@@ -207,27 +225,43 @@ def write(record: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2, default=str))
     c, prov = record["config"], record["provenance"]
-    lines = [f"# Pipeline step time: {record['ranks']} CPU gloo ranks, {record['threads_per_rank']} thread each",
-             "", f"Model: BERT preset {c['model']['preset']} (layers {c['model']['layers']}, hidden "
-             f"{c['model']['hidden']}, vocab {c['model']['vocab_size']}), seq_len {c['seq_len']}, micro-batch "
-             f"{c['micro_batch_size']} x m = {record['micro_batches']}; recompute off; split by parameter count.",
-             f"Ideal pipeline speedup d*m/(m+d-1) = {record['ideal_speedup']:.3f}. Runners timed in "
-             f"interleaved rounds; {record['cpu_count']} CPU cores, 1-minute load average "
-             f"{record['load_average_1min_at_end']:.2f} at the end (other work on the machine skews every number).",
-             "",
-             "| run | step time median (ms) | min | max | samples/s |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Pipeline step time: {record['ranks']} CPU gloo ranks, {record['threads_per_rank']} thread each",
+        "",
+        f"Model: BERT preset {c['model']['preset']} (layers {c['model']['layers']}, hidden "
+        f"{c['model']['hidden']}, vocab {c['model']['vocab_size']}), seq_len {c['seq_len']}, micro-batch "
+        f"{c['micro_batch_size']} x m = {record['micro_batches']}; recompute off; split by parameter count.",
+        f"Ideal pipeline speedup d*m/(m+d-1) = {record['ideal_speedup']:.3f}. Runners timed in "
+        f"interleaved rounds; {record['cpu_count']} CPU cores, 1-minute load average "
+        f"{record['load_average_1min_at_end']:.2f} at the end (other work on the machine skews every number).",
+        "",
+        "| run | step time median (ms) | min | max | samples/s |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in record["results"].items():
-        lines.append(f"| {name} | {r['step_time_median_s'] * 1e3:.2f} | {r['step_time_min_s'] * 1e3:.2f} | "
-                     f"{r['step_time_max_s'] * 1e3:.2f} | {r['samples_per_s']:.1f} |")
-    lines += ["", "| schedule | ours / torch step time | our speedup over grad_accum | torch's speedup | ideal "
-              "| max grad rel. error vs torch |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {r['step_time_median_s'] * 1e3:.2f} | {r['step_time_min_s'] * 1e3:.2f} | "
+            f"{r['step_time_max_s'] * 1e3:.2f} | {r['samples_per_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "| schedule | ours / torch step time | our speedup over grad_accum | torch's speedup | ideal "
+        "| max grad rel. error vs torch |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in record["comparison"].items():
-        lines.append(f"| {name} | {r['ours_over_torch_step_time']:.3f} | {r['speedup_over_grad_accum']:.3f} | "
-                     f"{r['torch_speedup_over_grad_accum']:.3f} | {record['ideal_speedup']:.3f} | "
-                     f"{r['max_grad_rel_error_vs_torch']:.2e} |")
-    lines += ["", f"Provenance: commit {prov['commit']} (dirty {prov['dirty']}), torch {prov['torch']}, "
-              f"transformers {prov['transformers']}, {prov['device']}, host {prov['host']}. "
-              "Produced by `experiments/benchmarks/pipeline_vs_torch.py`; never edited by hand.", ""]
+        lines.append(
+            f"| {name} | {r['ours_over_torch_step_time']:.3f} | {r['speedup_over_grad_accum']:.3f} | "
+            f"{r['torch_speedup_over_grad_accum']:.3f} | {record['ideal_speedup']:.3f} | "
+            f"{r['max_grad_rel_error_vs_torch']:.2e} |"
+        )
+    lines += [
+        "",
+        f"Provenance: commit {prov['commit']} (dirty {prov['dirty']}), torch {prov['torch']}, "
+        f"transformers {prov['transformers']}, {prov['device']}, host {prov['host']}. "
+        "Produced by `experiments/benchmarks/pipeline_vs_torch.py`; never edited by hand.",
+        "",
+    ]
     out.with_suffix(".md").write_text("\n".join(lines))
 
 

@@ -8,6 +8,7 @@ one rank's); rank 0 also trains the reference (`--against`, one rank, the full m
 compares the updates with suite.core.check's tolerance; every rank's weights must be bitwise identical.
 Every rank exits non-zero on a mismatch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
-from suite.config.run import RunConfig, apply_overrides
 from suite.harness.data import synthetic_batches
 from suite.harness.device import resolve_device
 
@@ -51,10 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         # The same global minibatch cut into the same micro-batches as the ranks cut their shards
         # into, so that the only differences left are the ranks' summation order.
-        ref_run = dataclasses.replace(run, method=args.against, ranks=1, options={},
-                                      precision=default_precision(args.against, device),
-                                      micro_batch_size=run.micro_batch_size // world,
-                                      num_micro_batches=run.num_micro_batches * world)
+        ref_run = dataclasses.replace(
+            run,
+            method=args.against,
+            ranks=1,
+            options={},
+            precision=default_precision(args.against, device),
+            micro_batch_size=run.micro_batch_size // world,
+            num_micro_batches=run.num_micro_batches * world,
+        )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
     losses = []
     for _ in range(args.steps):
@@ -74,8 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
         weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
         tol = max(TOLERANCE[run.precision], TOLERANCE[reference.run.precision])
-        result = CheckResult(f"{args.method} on {world} ranks", f"{args.against} on 1 rank", args.steps, tol,
-                             errors, weight_errors, reference.model.gradient_free(), losses)
+        result = CheckResult(
+            f"{args.method} on {world} ranks",
+            f"{args.against} on 1 rank",
+            args.steps,
+            tol,
+            errors,
+            weight_errors,
+            reference.model.gradient_free(),
+            losses,
+        )
         print(result.report(top=5))
         print(f"{'all' if identical else 'NOT all'} {world} ranks hold bitwise identical weights")
         ok = ok and result.passed

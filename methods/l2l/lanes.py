@@ -1,4 +1,5 @@
 """Copy streams, events and gradient shipments of the L2L relay; on CPU the same calls run synchronously."""
+
 from __future__ import annotations
 
 import contextlib
@@ -116,4 +117,3 @@ class Shipment:
             self.lanes.wait(self.event)
         else:
             self._complete()
-

@@ -1,4 +1,5 @@
 """The registered L2L methods: `l2l` (FP32 relay) and `l2l-cmp` (cross mixed precision: 16-bit device, FP32 host)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,10 +12,10 @@ from methods.l2l.param_server import HostParamServer
 from methods.l2l.relay import DeviceRelay, Stash
 from methods.l2l.updates import HostUpdater
 from suite.config.errors import ConfigError
+from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
 from suite.harness.device import DTYPES
 from suite.harness.loss_scale import DynamicLossScaler
-from suite.core.registry import Method, Option, StepStats, register
 
 
 def _process_group(run, device: torch.device):
@@ -58,10 +59,16 @@ class L2L(Method):
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         self.trace = trace
         self.lanes = Lanes(device, timing=trace is not None)
-        self.updater = HostUpdater(self.server, self.scaler, run, self.opts["overlap"] == "on",
-                                   invalidate=lambda layer: self.relay.invalidate(layer))
-        self.relay = DeviceRelay(model, self.server.wire, device, self.dtype, self.lanes,
-                                 lambda layer: self.updater.ready[layer], trace)
+        self.updater = HostUpdater(
+            self.server,
+            self.scaler,
+            run,
+            self.opts["overlap"] == "on",
+            invalidate=lambda layer: self.relay.invalidate(layer),
+        )
+        self.relay = DeviceRelay(
+            model, self.server.wire, device, self.dtype, self.lanes, lambda layer: self.updater.ready[layer], trace
+        )
         self.stash = Stash(self.lanes, device, self.opts["stash"] == "cpu", pin)
         self.step_count = 0
 
@@ -84,8 +91,10 @@ class L2L(Method):
         # Each rank holds its shard; dividing by the global minibatch makes the ranks' sum the
         # single-rank gradient.
         denom = batch.size * self.world
-        ctxs = [model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
-                for mb in batch.split(self.run.num_micro_batches)]
+        ctxs = [
+            model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
+            for mb in batch.split(self.run.num_micro_batches)
+        ]
         n = len(ctxs)
 
         # Forward (Algorithm 2's inverted loop): every micro-batch passes a layer before the next is used.
@@ -143,8 +152,9 @@ class L2L(Method):
 
         skipped = self.updater.finish(self.step_count)
         self.step_count += 1
-        return StepStats(loss=float(total), samples=batch.size, skipped=skipped,
-                         extra={"loss_scale": self.scaler.scale})
+        return StepStats(
+            loss=float(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
+        )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.updater.drain()

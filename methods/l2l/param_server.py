@@ -1,4 +1,5 @@
 """The eager param server: FP32 master weights, gradients and optimizer state of every layer in host memory."""
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,9 @@ def preallocate_state(opt: LayerwiseOptimizer) -> None:
                     o.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 elif isinstance(o, torch.optim.AdamW) and not (group["fused"] or group["capturable"]):
                     # torch keeps a non-fused, non-capturable step count as a 0-d CPU tensor.
-                    o.state[p] = dict(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                                      exp_avg_sq=torch.zeros_like(p))
+                    o.state[p] = dict(
+                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                    )
                     if group["amsgrad"]:
                         o.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
 
@@ -58,11 +60,11 @@ class HostParamServer:
             offset = 0
             for _, p in named:
                 n = p.numel()
-                flat[offset:offset + n].copy_(p.detach().reshape(-1))
+                flat[offset : offset + n].copy_(p.detach().reshape(-1))
                 # The model's own parameters become views of the flat buffer: one copy of the
                 # weights, updated in place by the optimizer, readable by HF name.
-                p.data = flat[offset:offset + n].view_as(p)
-                p.grad = grad[offset:offset + n].view_as(p)
+                p.data = flat[offset : offset + n].view_as(p)
+                p.grad = grad[offset : offset + n].view_as(p)
                 offset += n
             self.named.append(named)
             self.flat.append(flat)
@@ -111,8 +113,14 @@ class HostParamServer:
 
     def optimizer_state(self) -> list[torch.Tensor]:
         """Every optimizer state tensor (for tests that a skipped step changed nothing)."""
-        return [t for o in self.opt.opts if o is not None for s in o.state.values()
-                for t in s.values() if torch.is_tensor(t)]
+        return [
+            t
+            for o in self.opt.opts
+            if o is not None
+            for s in o.state.values()
+            for t in s.values()
+            if torch.is_tensor(t)
+        ]
 
     def nbytes(self) -> int:
         """Host bytes held: masters, gradients, 16-bit wire/landing copies and optimizer state."""

@@ -1,4 +1,5 @@
 """The device side of L2L: layer slots that the host's weights relay through, and the boundary-activation stash."""
+
 from __future__ import annotations
 
 import copy
@@ -23,18 +24,18 @@ class Slot:
         offset = 0
         for p in params:
             n = p.numel()
-            p.data = self.flat[offset:offset + n].view_as(p)  # values arrive with the first upload
+            p.data = self.flat[offset : offset + n].view_as(p)  # values arrive with the first upload
             offset += n
         self.module.to(device=device, dtype=dtype)  # the buffers (position ids); parameters are in place
         offset = 0
         for p in params:
             # A preset .grad makes autograd accumulate into it in place, micro-batch after micro-batch.
-            p.grad = self.grad[offset:offset + p.numel()].view_as(p)
+            p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
         self.shapes = [p.shape for p in params]
         self.layer: int | None = None  # whose weights the slot holds (None: stale or empty)
-        self.loaded = None    # event: the upload of those weights has finished
-        self.free = None      # event: the last compute reading the weights has finished
+        self.loaded = None  # event: the upload of those weights has finished
+        self.free = None  # event: the last compute reading the weights has finished
         self.shipment: Shipment | None = None  # the gradient copy still reading self.grad
 
     def nbytes(self) -> int:
@@ -53,8 +54,16 @@ class DeviceRelay:
     backward without another upload.
     """
 
-    def __init__(self, model, wire: list[torch.Tensor], device: torch.device, dtype: torch.dtype, lanes: Lanes,
-                 ready, trace: list | None = None):
+    def __init__(
+        self,
+        model,
+        wire: list[torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        lanes: Lanes,
+        ready,
+        trace: list | None = None,
+    ):
         self.num_layers = model.num_layers
         self.wire, self.lanes, self.ready, self.trace = wire, lanes, ready, trace  # ready(layer): its update's future
         self.embed = Slot(model.layers[0], device, dtype)
@@ -63,8 +72,10 @@ class DeviceRelay:
         for i in range(1, self.num_layers - 1):
             shapes = [p.shape for p in model.layers[i].parameters()]
             if shapes != self.blocks[0].shapes:
-                raise ValueError(f"block {i} differs in structure from block 1: L2L relays all blocks through "
-                                 "two slots of one structure")
+                raise ValueError(
+                    f"block {i} differs in structure from block 1: L2L relays all blocks through "
+                    "two slots of one structure"
+                )
         self.current: int | None = None
         self.uploads = 0
 
@@ -193,7 +204,7 @@ class Stash:
             self.views.pop(key, None)
         view = self.views.get(key)
         if view is None or view.shape != x.shape:
-            view = self.views[key] = flat[:x.numel()].view(x.shape)
+            view = self.views[key] = flat[: x.numel()].view(x.shape)
         return view
 
     def prefetch(self, layer: int, num_micro_batches: int) -> None:

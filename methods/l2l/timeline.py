@@ -1,4 +1,5 @@
 """Where one traced L2L step's time goes: device compute, weight and gradient copies, host updates, device idle."""
+
 from __future__ import annotations
 
 COMPUTE = ("forward", "backward")

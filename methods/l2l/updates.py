@@ -1,4 +1,5 @@
 """When the host updates each layer: after the whole backward (Algorithm 2) or during it (L2Lp, overlap=on)."""
+
 from __future__ import annotations
 
 import weakref

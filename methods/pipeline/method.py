@@ -1,4 +1,5 @@
 """PipelineMethod: the Method contract for pipelines (GPipe, PipeDream-Flush, 2BW) over either executor."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,25 +8,29 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from suite.config.errors import ConfigError
-from suite.harness.data import MiniBatch
-from suite.core.registry import Method, Option, StepStats
-
 from methods.pipeline.executors.reference import ReferenceExecutor
+from methods.pipeline.executors.stage import Stage
 from methods.pipeline.schedules.partition import partition
 from methods.pipeline.schedules.schedule import COMPUTE, GENERATORS, OPTIMIZER_STEP, Action, Schedule
-from methods.pipeline.executors.stage import Stage
 from methods.pipeline.schedules.validate import validate
+from suite.config.errors import ConfigError
+from suite.core.registry import Method, Option, StepStats
+from suite.harness.data import MiniBatch
 
 
 def pipeline_options(recompute: bool) -> dict[str, Option]:
     return {
-        "executor": Option("reference", ("reference", "dist"),
-                           "reference: every stage in one process (the oracle, one device); "
-                           "dist: one torchrun rank per stage replica"),
+        "executor": Option(
+            "reference",
+            ("reference", "dist"),
+            "reference: every stage in one process (the oracle, one device); dist: one torchrun rank per stage replica",
+        ),
         "stages": Option(2, help="pipeline depth d (contiguous layer ranges balanced by parameter count)"),
-        "width": Option(1, help="replicas per stage w (parallel pipelines, gradients all-reduced); replica r "
-                                "runs the r-th contiguous 1/w of the micro-batches"),
+        "width": Option(
+            1,
+            help="replicas per stage w (parallel pipelines, gradients all-reduced); replica r "
+            "runs the r-th contiguous 1/w of the micro-batches",
+        ),
         "recompute": Option(recompute, help="stash only each stage's input and recompute its activations in backward"),
         "timeout": Option(300.0, help="seconds before process-group init or any wait fails the run (dist)"),
         "timeline": Option(False, help="synchronize CUDA around each action so measured timelines show kernel time"),
@@ -39,9 +44,17 @@ def step_actions(schedule: Schedule, step: int, stages=None) -> list[list[Action
     """The actions of optimizer step `step` from a one-step schedule (of `stages`, default all): micro-batch
     ids run across the whole run (mb + step * m) and the versions of F, B and U count steps (version + step)."""
     m, stages = schedule.m, range(schedule.d) if stages is None else stages
-    return [[dataclasses.replace(a, mb=None if a.mb is None else a.mb + step * m,
-                                 version=a.version + step if a.kind in VERSIONED else a.version)
-             for a in schedule.actions[s]] for s in stages]
+    return [
+        [
+            dataclasses.replace(
+                a,
+                mb=None if a.mb is None else a.mb + step * m,
+                version=a.version + step if a.kind in VERSIONED else a.version,
+            )
+            for a in schedule.actions[s]
+        ]
+        for s in stages
+    ]
 
 
 def split_layers(model, d: int) -> list[range]:
@@ -78,13 +91,17 @@ class PipelineMethod(Method):
         super().__init__(model, run, device)
         d, w = self.opts["stages"], self.opts["width"]
         if not 1 <= d <= model.num_layers:
-            raise ConfigError(f"stages={d}: the model has {model.num_layers} layers (embeddings, blocks, head), "
-                              f"choose 1..{model.num_layers}")
+            raise ConfigError(
+                f"stages={d}: the model has {model.num_layers} layers (embeddings, blocks, head), "
+                f"choose 1..{model.num_layers}"
+            )
         # Replicas split the micro-batches, not the samples of each: a stage replica then computes each
         # micro-batch exactly as grad_accum does, and only the order of summing them differs.
         if w < 1 or run.num_micro_batches % w:
-            raise ConfigError(f"width={w} must divide num_micro_batches={run.num_micro_batches} "
-                              "(each replica pipeline runs an equal share of the micro-batches)")
+            raise ConfigError(
+                f"width={w} must divide num_micro_batches={run.num_micro_batches} "
+                "(each replica pipeline runs an equal share of the micro-batches)"
+            )
         if run.ranks != 1:  # the rank count is stages x width; `ranks` is data parallelism, which width is
             raise ConfigError(f"ranks={run.ranks}: a pipeline takes its ranks from stages x width; keep ranks=1")
         self.d, self.w, self.m = d, w, run.num_micro_batches // w
@@ -95,8 +112,9 @@ class PipelineMethod(Method):
         recompute, clip = self.opts["recompute"], run.clip_grad_norm
         if self.opts["executor"] == "reference":
             self.replicas = list(range(w))
-            self.stages = [Stage(model, r, s, device, recompute, run, self.stage_versions)
-                           for s, r in enumerate(self.ranges)]
+            self.stages = [
+                Stage(model, r, s, device, recompute, run, self.stage_versions) for s, r in enumerate(self.ranges)
+            ]
             self.executor = ReferenceExecutor(self.stages, w, clip)
         else:
             from methods.pipeline.executors.dist import DistExecutor, init_distributed
@@ -109,8 +127,9 @@ class PipelineMethod(Method):
                 model.layers[i].to("meta")  # other stages' weights: not this rank's to hold
             self.replicas = [r]
             self.stages = [Stage(model, self.ranges[s], s, device, recompute, run, self.stage_versions)]
-            self.executor = DistExecutor(self.stages[0], d, w, device, self.opts["timeout"], clip,
-                                         self.opts["timeline"])
+            self.executor = DistExecutor(
+                self.stages[0], d, w, device, self.opts["timeout"], clip, self.opts["timeline"]
+            )
 
     @property
     def distributed(self) -> bool:
@@ -122,9 +141,12 @@ class PipelineMethod(Method):
         for r in self.replicas:
             shard = batch.shard(r, self.w) if self.w > 1 else batch
             base = self.step_count * self.m
-            out[r] = {base + j: self.model.begin(mb.to(self.device, non_blocking=True), self.run.seed,
-                                                 self.step_count, batch.size)
-                      for j, mb in enumerate(shard.split(self.m))}
+            out[r] = {
+                base + j: self.model.begin(
+                    mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, batch.size
+                )
+                for j, mb in enumerate(shard.split(self.m))
+            }
         return out
 
     def _run(self, batch: MiniBatch, update: bool) -> float:

@@ -1,4 +1,5 @@
 """The error every bad config key or value raises, and the "did you mean" hint its messages share."""
+
 from __future__ import annotations
 
 import difflib

@@ -1,4 +1,5 @@
 """Where the project lives and where its results go (`SUITE_RESULTS_DIR` moves the latter)."""
+
 from __future__ import annotations
 
 import os

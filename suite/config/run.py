@@ -1,4 +1,5 @@
 """Typed run and model configs, model presets, and validated `key=value` overrides."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,9 @@ class ModelConfig:
         if self.family not in FAMILIES:
             raise ConfigError(f"model.family={self.family!r} is not one of {list(FAMILIES)}")
         if self.preset not in PRESETS:
-            raise ConfigError(f"model.preset={self.preset!r} is not one of {sorted(PRESETS)}{did_you_mean(self.preset, PRESETS)}")
+            raise ConfigError(
+                f"model.preset={self.preset!r} is not one of {sorted(PRESETS)}{did_you_mean(self.preset, PRESETS)}"
+            )
         base = PRESETS[self.preset]
         out = dataclasses.replace(self, **{k: v for k, v in base.items() if getattr(self, k) is None})
         if out.hidden % out.heads:
@@ -98,8 +101,12 @@ class RunConfig:
 
     def validate(self) -> "RunConfig":
         """Check enumerations and ranges; returns a copy with the model resolved."""
-        for name, choices in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
-                              ("schedule", SCHEDULES), ("device", DEVICES)):
+        for name, choices in (
+            ("precision", PRECISIONS),
+            ("optimizer", OPTIMIZERS),
+            ("schedule", SCHEDULES),
+            ("device", DEVICES),
+        ):
             value = getattr(self, name)
             if value not in choices:
                 raise ConfigError(f"{name}={value!r} is not one of {list(choices)}")
@@ -181,7 +188,9 @@ def apply_overrides(cfg: RunConfig, pairs: list[str] | dict[str, Any], method_op
             cfg.options[key] = method_options[key].parse(key, value)
         else:
             accepted = override_keys() + sorted(method_options or {})
-            raise ConfigError(f"unknown --set key {key!r}{did_you_mean(key, accepted)}; accepted keys: {', '.join(accepted)}")
+            raise ConfigError(
+                f"unknown --set key {key!r}{did_you_mean(key, accepted)}; accepted keys: {', '.join(accepted)}"
+            )
     return cfg
 
 

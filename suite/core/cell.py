@@ -1,4 +1,5 @@
 """Runs one cell in its own process: build the method, measure it, write one record with exactly one status."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +18,11 @@ CELL_KINDS = {}
 
 def cell_kind(name: str):
     """Register a function that runs a cell kind: (run, device, cap) -> metrics dict."""
+
     def deco(fn):
         CELL_KINDS[name] = fn
         return fn
+
     return deco
 
 

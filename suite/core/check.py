@@ -1,4 +1,5 @@
 """The equivalence oracle: two methods from one seed, fed the same batches, compared tensor by tensor."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from suite.core import registry
 from suite.config.run import RunConfig
+from suite.core import registry
 from suite.harness.data import synthetic_batches
 from suite.harness.device import resolve_device
 from suite.harness.model import build_model
@@ -56,17 +57,21 @@ class CheckResult:
     def report(self, top: int = 0) -> str:
         rows = sorted(self.errors.items(), key=lambda kv: -kv[1])
         rows = rows[:top] if top else rows
-        lines = [f"check {self.method} against {self.against}: {self.steps} steps, "
-                 f"tolerance {self.tolerance:g} (norm-wise relative error of each tensor's update W_N - W_0; "
-                 "weight-relative error beside it)"]
+        lines = [
+            f"check {self.method} against {self.against}: {self.steps} steps, "
+            f"tolerance {self.tolerance:g} (norm-wise relative error of each tensor's update W_N - W_0; "
+            "weight-relative error beside it)"
+        ]
         for i, (la, lb) in enumerate(self.losses):
             lines.append(f"  step {i}: loss {la:.8f} vs {lb:.8f}")
         for name, err in rows:
             tag = "  (not gated: zero gradient in exact arithmetic)" if name in self.ungated else ""
             lines.append(f"  {err:10.3e}  {self.weight_errors[name]:10.3e}  {name}{tag}")
         name, err = self.worst
-        lines.append(f"{'PASS' if self.passed else 'FAIL'}: largest {err:.3e} ({name}) "
-                     f"{'<=' if self.passed else '>'} {self.tolerance:g}")
+        lines.append(
+            f"{'PASS' if self.passed else 'FAIL'}: largest {err:.3e} ({name}) "
+            f"{'<=' if self.passed else '>'} {self.tolerance:g}"
+        )
         return "\n".join(lines)
 
 
@@ -75,6 +80,7 @@ def build_method(run: RunConfig, device: torch.device | None = None):
     cls = registry.get(run.method)
     if run.precision not in cls.precisions:
         from suite.config.errors import ConfigError
+
         raise ConfigError(f"method {run.method!r} runs at precision {list(cls.precisions)}, not {run.precision!r}")
     device = device or resolve_device(run.device)
     return cls(build_model(run.model, run.seed), run, device)
@@ -93,8 +99,7 @@ def check(run: RunConfig, against: str, steps: int, padded: bool = True) -> Chec
     """Run `run.method` and `against` for `steps` steps on identical batches; compare every weight."""
     run = run.validate()
     device = resolve_device(run.device)
-    ref_run = dataclasses.replace(run, method=against, precision=default_precision(against, device),
-                                  options={})
+    ref_run = dataclasses.replace(run, method=against, precision=default_precision(against, device), options={})
     subject, reference = build_method(run, device), build_method(ref_run, device)
     w0 = reference.state_dict()
     losses = []
@@ -105,8 +110,9 @@ def check(run: RunConfig, against: str, steps: int, padded: bool = True) -> Chec
     a, b = subject.state_dict(), reference.state_dict()
     if a.keys() != b.keys():
         missing, extra = sorted(b.keys() - a.keys()), sorted(a.keys() - b.keys())
-        raise AssertionError(f"{run.method} state_dict keys differ from {against}: missing {missing[:5]}, "
-                             f"extra {extra[:5]}")
+        raise AssertionError(
+            f"{run.method} state_dict keys differ from {against}: missing {missing[:5]}, extra {extra[:5]}"
+        )
     errors = {k: relative_error(a[k] - w0[k], b[k] - w0[k]) for k in b}
     weight_errors = {k: relative_error(a[k], b[k]) for k in b}
     tol = max(TOLERANCE[run.precision], TOLERANCE[ref_run.precision])

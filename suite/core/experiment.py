@@ -1,4 +1,5 @@
 """Experiment definitions: rows with the paper's values, per-profile configs, and the cells they expand to."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,9 +11,9 @@ from typing import Any, Callable
 
 import torch
 
-from suite.core import registry
 from suite.config.errors import ConfigError, did_you_mean
 from suite.config.run import RunConfig, apply_overrides, override_keys
+from suite.core import registry
 from suite.measure.step import METHODOLOGY_VERSION
 
 PROFILES = ("tiny", "small", "paper", "auto")
@@ -63,8 +64,14 @@ class Cell:
     timeout: float = 600.0
 
     def resolved(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "row": self.row.name, "profile": self.profile, "kind": self.kind,
-                "run": self.run.to_dict(), "methodology": METHODOLOGY_VERSION}
+        return {
+            "experiment": self.experiment,
+            "row": self.row.name,
+            "profile": self.profile,
+            "kind": self.kind,
+            "run": self.run.to_dict(),
+            "methodology": METHODOLOGY_VERSION,
+        }
 
     @property
     def key(self) -> str:
@@ -90,8 +97,13 @@ class Experiment:
     timeout: Callable[[str], float] = lambda profile: 1800.0 if profile == "paper" else 600.0
     figure: Callable | None = None
 
-    def cells(self, profile: str, only: list[str] | None = None, overrides: list[str] | None = None,
-              device_memory: str | None = None) -> list[Cell]:
+    def cells(
+        self,
+        profile: str,
+        only: list[str] | None = None,
+        overrides: list[str] | None = None,
+        device_memory: str | None = None,
+    ) -> list[Cell]:
         """Expand rows into validated cells; `only` selects rows by name, `overrides` are --set pairs."""
         profile = resolve_profile(profile)
         rows = self.rows(profile)
@@ -99,8 +111,9 @@ class Experiment:
             names = [r.name for r in rows]
             for o in only:
                 if o not in names:
-                    raise ConfigError(f"experiment {self.name} has no row {o!r}{did_you_mean(o, names)}; "
-                                      f"rows: {', '.join(names)}")
+                    raise ConfigError(
+                        f"experiment {self.name} has no row {o!r}{did_you_mean(o, names)}; rows: {', '.join(names)}"
+                    )
             rows = [r for r in rows if r.name in only]
         cells = []
         for row in rows:
@@ -118,8 +131,9 @@ class Experiment:
                 run.device_memory = device_memory
             if run.device == "auto":  # resolve here so a CPU and a GPU result never share a cache key
                 run.device = "cuda" if torch.cuda.is_available() else "cpu"
-            cells.append(self.adapt(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)),
-                                    profile))
+            cells.append(
+                self.adapt(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)), profile)
+            )
         return cells
 
     def adapt(self, cell: Cell, profile: str) -> Cell:
@@ -151,5 +165,7 @@ def all_experiments() -> dict[str, Experiment]:
 def get_experiment(name: str) -> Experiment:
     exps = all_experiments()
     if name not in exps:
-        raise ConfigError(f"unknown experiment {name!r}{did_you_mean(name, exps)}; experiments: {', '.join(sorted(exps))}")
+        raise ConfigError(
+            f"unknown experiment {name!r}{did_you_mean(name, exps)}; experiments: {', '.join(sorted(exps))}"
+        )
     return exps[name]

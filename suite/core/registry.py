@@ -1,4 +1,5 @@
 """The Method contract and the registry of methods by name."""
+
 from __future__ import annotations
 
 import importlib
@@ -25,8 +26,11 @@ class Option:
         typ = type(self.default)
         if isinstance(value, str) and typ is not str:
             try:
-                value = {"true": True, "on": True, "false": False, "off": False}[value.lower()] if typ is bool \
+                value = (
+                    {"true": True, "on": True, "false": False, "off": False}[value.lower()]
+                    if typ is bool
                     else typ(value)
+                )
             except (KeyError, ValueError):
                 raise ConfigError(f"--set {key}={value!r}: expected {typ.__name__}") from None
         if self.choices and value not in self.choices:
@@ -82,13 +86,17 @@ _REGISTRY: dict[str, type[Method]] = {}
 
 def register(name: str):
     """Class decorator adding a Method under `name`; a second method of the same name is refused."""
+
     def deco(cls: type[Method]) -> type[Method]:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"method name {name!r} is already registered by "
-                             f"{_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}")
+            raise ValueError(
+                f"method name {name!r} is already registered by "
+                f"{_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}"
+            )
         cls.name = name
         _REGISTRY[name] = cls
         return cls
+
     return deco
 
 
@@ -127,5 +135,8 @@ def get(name: str) -> type[Method]:
     """The Method class called `name`; a typo gets the closest names."""
     load_all()
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown method {name!r}{did_you_mean(name, _REGISTRY)}; registered methods: {', '.join(sorted(_REGISTRY))}")
+        raise ConfigError(
+            f"unknown method {name!r}{did_you_mean(name, _REGISTRY)}; "
+            f"registered methods: {', '.join(sorted(_REGISTRY))}"
+        )
     return _REGISTRY[name]

@@ -1,4 +1,5 @@
 """Runs an experiment's cells, each in a fresh process, and caches their records by config hash."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,26 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from suite.core import registry
 from suite.config import paths
-from suite.records import store
-from suite.records import tracking
+from suite.core import registry
 from suite.core.experiment import Cell, Experiment, resolve_profile
+from suite.records import store, tracking
 
 
 def _command(cell: Cell, cfg_path: str, out_path: str) -> list[str]:
     world = registry.get(cell.run.method).world_size(cell.run)
     if world > 1:  # torchrun also spans several machines when launched there
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-                "-m", "suite.core.cell", cfg_path, out_path]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world}",
+            "-m",
+            "suite.core.cell",
+            cfg_path,
+            out_path,
+        ]
     return [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
 
 
@@ -40,8 +49,14 @@ def run_cell(cell: Cell, timeout: float | None = None) -> dict:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
         with open(log_path, "w") as log:
             # A new session so that a timeout kills the cell and every rank it started.
-            proc = subprocess.Popen(_command(cell, cfg_path, out_path), stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, cwd=paths.ROOT, start_new_session=True)
+            proc = subprocess.Popen(
+                _command(cell, cfg_path, out_path),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=paths.ROOT,
+                start_new_session=True,
+            )
             status = None
             try:
                 proc.wait(timeout=timeout)
@@ -70,10 +85,18 @@ def variant_of(overrides: list[str] | None, device_memory: str | None) -> str:
     return ", ".join(parts + [f"set {o}" for o in overrides or []])
 
 
-def run_cells(exp: Experiment, profile: str = "auto", only: list[str] | None = None, force: bool = False,
-              device_memory: str | None = None, overrides: list[str] | None = None, wandb_mode: str | None = None,
-              results_dir: Path | None = None, timeout: float | None = None,
-              progress=print) -> tuple[list[Cell], list[dict]]:
+def run_cells(
+    exp: Experiment,
+    profile: str = "auto",
+    only: list[str] | None = None,
+    force: bool = False,
+    device_memory: str | None = None,
+    overrides: list[str] | None = None,
+    wandb_mode: str | None = None,
+    results_dir: Path | None = None,
+    timeout: float | None = None,
+    progress=print,
+) -> tuple[list[Cell], list[dict]]:
     """Run (or reuse) every cell of `exp`, write one record and one W&B run per cell; returns (cells, records).
 
     The tables are the face's to render (suite.sweep): the engine stands below the reports."""
@@ -92,22 +115,41 @@ def run_cells(exp: Experiment, profile: str = "auto", only: list[str] | None = N
             continue
         started = time.time()
         if not registry.is_registered(cell.row.method):
-            record = {"status": "not_implemented", "metrics": {},
-                      "error": f"method {cell.row.method!r} is not registered yet", "provenance": None}
+            record = {
+                "status": "not_implemented",
+                "metrics": {},
+                "error": f"method {cell.row.method!r} is not registered yet",
+                "provenance": None,
+            }
         else:
             progress(f"{tag}: running ...")
             record = run_cell(cell, timeout)
-        record.update(key=cell.key, experiment=exp.name, row=cell.row.name, method=cell.row.method,
-                      profile=profile, device_type=cell.run.device, variant=variant, config=cell.resolved(),
-                      finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        record.update(
+            key=cell.key,
+            experiment=exp.name,
+            row=cell.row.name,
+            method=cell.row.method,
+            profile=profile,
+            device_type=cell.run.device,
+            variant=variant,
+            config=cell.resolved(),
+            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
         store.save(results_dir, cell.key, record)
         m = record.get("metrics") or {}
         shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
         progress(f"{tag}: {record['status']} in {time.time() - started:.1f}s{'; ' + shown if shown else ''}")
         try:
             record["wandb_dir"] = tracking.log_cell(
-                experiment=exp.name, row=cell.row.name, method=cell.row.method, config=cell.resolved(),
-                provenance=record.get("provenance") or {}, summary=m, status=record["status"], mode=mode)
+                experiment=exp.name,
+                row=cell.row.name,
+                method=cell.row.method,
+                config=cell.resolved(),
+                provenance=record.get("provenance") or {},
+                summary=m,
+                status=record["status"],
+                mode=mode,
+            )
             store.save(results_dir, cell.key, record)
         except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
             progress(f"{tag}: W&B logging failed: {exc}")

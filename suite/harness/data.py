@@ -1,4 +1,5 @@
 """Minibatches, their split into micro-batches, and seeded synthetic token batches."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,13 @@ class MicroBatch:
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "MicroBatch":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return dataclasses.replace(self, input_ids=move(self.input_ids), attention_mask=move(self.attention_mask),
-                                   token_type_ids=move(self.token_type_ids), labels=move(self.labels))
+        return dataclasses.replace(
+            self,
+            input_ids=move(self.input_ids),
+            attention_mask=move(self.attention_mask),
+            token_type_ids=move(self.token_type_ids),
+            labels=move(self.labels),
+        )
 
 
 @dataclass
@@ -42,26 +48,49 @@ class MiniBatch(MicroBatch):
         """Equal contiguous micro-batches; the minibatch size must divide evenly."""
         n = self.size
         if num_micro_batches < 1 or n % num_micro_batches:
-            raise ValueError(f"a minibatch of {n} samples cannot be split into {num_micro_batches} "
-                             f"equal micro-batches (choose a divisor of {n})")
+            raise ValueError(
+                f"a minibatch of {n} samples cannot be split into {num_micro_batches} "
+                f"equal micro-batches (choose a divisor of {n})"
+            )
         b = n // num_micro_batches
-        cut = lambda t, i: None if t is None else t[i * b:(i + 1) * b]  # noqa: E731
-        return [MicroBatch(cut(self.input_ids, i), cut(self.attention_mask, i), cut(self.token_type_ids, i),
-                           cut(self.labels, i), offset=self.offset + i * b, index=i) for i in range(num_micro_batches)]
-
+        cut = lambda t, i: None if t is None else t[i * b : (i + 1) * b]  # noqa: E731
+        return [
+            MicroBatch(
+                cut(self.input_ids, i),
+                cut(self.attention_mask, i),
+                cut(self.token_type_ids, i),
+                cut(self.labels, i),
+                offset=self.offset + i * b,
+                index=i,
+            )
+            for i in range(num_micro_batches)
+        ]
 
     def shard(self, rank: int, world: int) -> "MiniBatch":
         """This rank's contiguous share of a global minibatch (offsets stay global, so keys match one rank)."""
         if self.size % world:
             raise ValueError(f"a minibatch of {self.size} samples cannot be sharded over {world} ranks")
         b = self.size // world
-        cut = lambda t: None if t is None else t[rank * b:(rank + 1) * b]  # noqa: E731
-        return MiniBatch(cut(self.input_ids), cut(self.attention_mask), cut(self.token_type_ids),
-                         cut(self.labels), offset=self.offset + rank * b)
+        cut = lambda t: None if t is None else t[rank * b : (rank + 1) * b]  # noqa: E731
+        return MiniBatch(
+            cut(self.input_ids),
+            cut(self.attention_mask),
+            cut(self.token_type_ids),
+            cut(self.labels),
+            offset=self.offset + rank * b,
+        )
 
 
-def synthetic_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, num_labels: int,
-                    seed: int, padded: bool = False, objective: str = "classify") -> MiniBatch:
+def synthetic_batch(
+    step: int,
+    batch_size: int,
+    seq_len: int,
+    vocab_size: int,
+    num_labels: int,
+    seed: int,
+    padded: bool = False,
+    objective: str = "classify",
+) -> MiniBatch:
     """A reproducible random minibatch for `step`: uniform tokens, labels, optional random padding.
 
     `objective` is the model family's: `classify` draws (B,) labels; `clm` makes the labels the
@@ -99,6 +128,7 @@ def synthetic_batches(run, padded: bool = False) -> Iterator[MiniBatch]:
     objective = FAMILIES[model.family].objective
     step = 0
     while True:
-        yield synthetic_batch(step, run.batch_size, run.seq_len, model.vocab_size, model.num_labels,
-                              run.seed, padded, objective)
+        yield synthetic_batch(
+            step, run.batch_size, run.seq_len, model.vocab_size, model.num_labels, run.seed, padded, objective
+        )
         step += 1

@@ -1,4 +1,5 @@
 """Device resolution, autocast and synchronisation helpers shared by methods and measurement."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Dynamic loss scaling for fp16: overflow is detected before any update is committed."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,14 @@ class DynamicLossScaler:
     so a per-layer optimizer never commits part of a step that overflowed elsewhere.
     """
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, enabled: bool = True):
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ):
         self.scale = init_scale if enabled else 1.0
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval, self.enabled = growth_interval, enabled

@@ -1,4 +1,5 @@
 """The layered view of a Hugging Face model (embed, blocks, head) through which every method runs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +8,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from suite.harness import rng
 from suite.config.run import ModelConfig
+from suite.harness import rng
 from suite.harness.data import MicroBatch
 
 ATTN_IMPL = "suite_keyed"
@@ -23,8 +24,7 @@ def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dr
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if dropout == 0.0 or not module.training:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=0.0, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:

@@ -1,4 +1,5 @@
 """Optimizers that can step one layer at a time: LAMB (the L2L paper's) and torch's AdamW, with an LR schedule."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,9 @@ class Lamb(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True):
         if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid LAMB hyper-parameters lr={lr}, betas={betas}, eps={eps}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                      bias_correction=bias_correction))
+        super().__init__(
+            params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -40,7 +42,7 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_lerp_(m, grads, 1 - b1)
             torch._foreach_mul_(v, b2)
             torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
-            c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if group["bias_correction"] else (1.0, 1.0)
+            c1, c2 = (1 - b1**t, 1 - b2**t) if group["bias_correction"] else (1.0, 1.0)
             denom = torch._foreach_sqrt(v)
             torch._foreach_div_(denom, math.sqrt(c2))
             torch._foreach_add_(denom, group["eps"])
@@ -80,8 +82,11 @@ class LayerwiseOptimizer:
     def _make(self, named):
         decay = [p for n, p in named if not _no_decay(n)]
         plain = [p for n, p in named if _no_decay(n)]
-        groups = [g for g in (dict(params=decay, weight_decay=self.run.weight_decay),
-                              dict(params=plain, weight_decay=0.0)) if g["params"]]
+        groups = [
+            g
+            for g in (dict(params=decay, weight_decay=self.run.weight_decay), dict(params=plain, weight_decay=0.0))
+            if g["params"]
+        ]
         if not groups:
             return None
         betas = (self.run.beta1, self.run.beta2)
@@ -105,5 +110,11 @@ class LayerwiseOptimizer:
 
     def state_bytes(self) -> int:
         """Bytes held by the optimizer states (for memory accounting)."""
-        return sum(t.numel() * t.element_size() for o in self.opts if o is not None
-                   for s in o.state.values() for t in s.values() if torch.is_tensor(t))
+        return sum(
+            t.numel() * t.element_size()
+            for o in self.opts
+            if o is not None
+            for s in o.state.values()
+            for t in s.values()
+            if torch.is_tensor(t)
+        )

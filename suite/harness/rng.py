@@ -9,6 +9,7 @@ recompute draws them again exactly. (Per-sample native draws measured faster on 
 vectorised integer hash and one bernoulli_ over the whole tensor.) Masks are reproducible per
 device type; CPU and CUDA draw different bits.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
 
 @dataclass
 class _Key:
@@ -54,8 +56,10 @@ def keyed_uniform(shape: torch.Size, device: torch.device) -> torch.Tensor:
     """Uniform [0, 1) floats of `shape` (dim 0 = samples) from the active key; advances the site counter."""
     key = getattr(_local, "key", None)
     if key is None:
-        raise RuntimeError("dropout ran outside suite.rng.keyed(...): every layer call must be keyed "
-                           "so that masks do not depend on execution order")
+        raise RuntimeError(
+            "dropout ran outside suite.rng.keyed(...): every layer call must be keyed "
+            "so that masks do not depend on execution order"
+        )
     site, key.site = key.site, key.site + 1
     gen = _generators.get(device)
     if gen is None:

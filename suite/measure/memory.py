@@ -1,4 +1,5 @@
 """Memory: a live-bytes tracker standing in for CUDA's allocator counters on CPU, the device cap, host peaks."""
+
 from __future__ import annotations
 
 import resource
@@ -32,8 +33,11 @@ class LiveBytesTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # Views and in-place ops return an input's storage: not an allocation, even when that
         # storage predates the tracker (a weight, a preallocated buffer).
-        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor) and not t.is_sparse}
+        inputs = {
+            t.untyped_storage()._cdata
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor) and not t.is_sparse
+        }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse:
                 st = t.untyped_storage()
@@ -46,7 +50,8 @@ class LiveBytesTracker(TorchDispatchMode):
         if self.limit is not None and self.base + self.live > self.limit:
             raise torch.OutOfMemoryError(
                 f"CPU live-bytes tracker: {self.base + self.live} bytes exceed the --device-memory cap "
-                f"of {self.limit} bytes")
+                f"of {self.limit} bytes"
+            )
         return out
 
 

@@ -1,4 +1,5 @@
 """Provenance recorded with every result: code version, library versions, hardware, cap, profile."""
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import torch
 
 from suite.config.paths import ROOT
 from suite.measure.step import METHODOLOGY_VERSION
+
 
 def _git(*args: str) -> str:
     try:
@@ -29,10 +31,16 @@ def _version(pkg: str) -> str | None:
 def device_info(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return {"device": props.name, "device_memory_gb": props.total_memory / 1e9,
-                "device_count": torch.cuda.device_count()}
-    return {"device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-            "device_memory_gb": None, "device_count": 1}
+        return {
+            "device": props.name,
+            "device_memory_gb": props.total_memory / 1e9,
+            "device_count": torch.cuda.device_count(),
+        }
+    return {
+        "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+        "device_memory_gb": None,
+        "device_count": 1,
+    }
 
 
 def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
@@ -41,8 +49,11 @@ def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
     return {
         "commit": commit or None,
         # Code paths only, untracked files included: results/ changes as runs land and is not code.
-        "dirty": bool(_git("status", "--porcelain", "--", "suite", "baselines", "methods", "experiments",
-                           "pyproject.toml")) if commit else None,
+        "dirty": bool(
+            _git("status", "--porcelain", "--", "suite", "baselines", "methods", "experiments", "pyproject.toml")
+        )
+        if commit
+        else None,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": _version("transformers"),

@@ -1,4 +1,5 @@
 """Measure a method's steps: warm-up, timed steps (median kept), device and host memory peaks."""
+
 from __future__ import annotations
 
 import statistics

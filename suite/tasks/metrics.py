@@ -1,4 +1,5 @@
 """GLUE dev-set metrics, computed with scikit-learn and scipy rather than by hand."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,14 @@ from suite.tasks.glue import get_task
 
 # The metric the L2L paper's Table 7 reports per task (its header says "accuracy" throughout; CoLA's and
 # STS-B's values are the GLUE conventions, Matthews and Pearson correlation, x100).
-HEADLINE = {"qnli": "accuracy", "sst2": "accuracy", "cola": "matthews", "stsb": "pearson", "mrpc": "accuracy",
-            "rte": "accuracy"}
+HEADLINE = {
+    "qnli": "accuracy",
+    "sst2": "accuracy",
+    "cola": "matthews",
+    "stsb": "pearson",
+    "mrpc": "accuracy",
+    "rte": "accuracy",
+}
 # The metric shown beside the headline one (GLUE reports F1 with MRPC's accuracy, Spearman with STS-B's Pearson).
 SECOND = {"mrpc": "f1", "stsb": "spearman"}
 

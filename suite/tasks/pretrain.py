@@ -1,4 +1,5 @@
-"""Language-model pre-training with any registered method, validation at intervals, and GLUE fine-tuning of the result."""
+"""Language-model pre-training with any registered method, validation at intervals, GLUE fine-tuning of the result."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,25 +11,24 @@ from pathlib import Path
 
 import torch
 
-from suite.core.cell import cell_kind
-from suite.core.check import build_method
 from suite.config.errors import ConfigError
+from suite.config.paths import ROOT
 from suite.config.run import RunConfig
-from suite.core.cell import cell_options
-from suite.tasks.corpus import Corpus, build_corpus
+from suite.core.cell import cell_kind, cell_options
+from suite.core.check import build_method
 from suite.harness.families import FAMILIES
 from suite.harness.model import build_model
-from suite.config.paths import ROOT
+from suite.tasks.corpus import Corpus, build_corpus
 
 
 @dataclass
 class PretrainOptions:
     """Pre-training settings, read from RunConfig.options beside the method's own options."""
 
-    data_dir: str = ""                 # folder of GLUE TSVs whose training sentences form the corpus (from the repo root)
-    evals: int = 10                    # validation evaluations spread over the run (and one at step 0)
-    snapshot_ratio: float = 0.9        # bert-mlm: also keep the weights after this share of the steps
-    finetune_task: str = ""            # bert-mlm: GLUE task each saved model is fine-tuned on ("" for none)
+    data_dir: str = ""  # folder of GLUE TSVs whose training sentences form the corpus (from the repo root)
+    evals: int = 10  # validation evaluations spread over the run (and one at step 0)
+    snapshot_ratio: float = 0.9  # bert-mlm: also keep the weights after this share of the steps
+    finetune_task: str = ""  # bert-mlm: GLUE task each saved model is fine-tuned on ("" for none)
     finetune_epochs: int = 3
     finetune_batch: int = 8
     finetune_lr: float = 1e-4
@@ -87,30 +87,51 @@ def finetune_folder(run: RunConfig, opts: PretrainOptions, folder: Path, device:
 
     task = get_task(opts.finetune_task)
     model = dataclasses.replace(run.model, family="bert", pretrained=str(folder), num_labels=task.num_labels)
-    ft_run = RunConfig(method="grad_accum", model=model, micro_batch_size=opts.finetune_batch, num_micro_batches=1,
-                       seq_len=run.seq_len, optimizer="adamw", lr=opts.finetune_lr, schedule="linear",
-                       seed=run.seed, device=run.device)
-    ft_opts = FinetuneOptions(task=opts.finetune_task, data_dir=opts.data_dir, epochs=opts.finetune_epochs,
-                              evals_per_epoch=1)
+    ft_run = RunConfig(
+        method="grad_accum",
+        model=model,
+        micro_batch_size=opts.finetune_batch,
+        num_micro_batches=1,
+        seq_len=run.seq_len,
+        optimizer="adamw",
+        lr=opts.finetune_lr,
+        schedule="linear",
+        seed=run.seed,
+        device=run.device,
+    )
+    ft_opts = FinetuneOptions(
+        task=opts.finetune_task, data_dir=opts.data_dir, epochs=opts.finetune_epochs, evals_per_epoch=1
+    )
     res = finetune(ft_run, ft_opts, device, log=log)
     return {"score": res.score, "best_score": res.best_score, "curve": res.curve}
 
 
-def pretrain(run: RunConfig, opts: PretrainOptions, device: torch.device, folder: Path,
-             log=lambda msg: print(msg, flush=True)) -> dict:
-    """Train run.method for run.steps steps on the corpus; validation loss at intervals; bert-mlm saves and fine-tunes."""
+def pretrain(
+    run: RunConfig, opts: PretrainOptions, device: torch.device, folder: Path, log=lambda msg: print(msg, flush=True)
+) -> dict:
+    """Train run.method for run.steps steps on the corpus; validation loss at intervals; bert-mlm saves, fine-tunes."""
     objective = objective_of(run)
     rank = int(os.environ.get("RANK", 0))
     data_dir = os.path.join(ROOT, opts.data_dir)
     corpus = build_corpus(data_dir, run.seq_len, objective, run.seed, run.model.resolved().vocab_size)
-    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size),
-                              total_steps=run.total_steps or run.steps).validate()
+    run = dataclasses.replace(
+        run,
+        model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size),
+        total_steps=run.total_steps or run.steps,
+    ).validate()
     method = build_method(run, device)
     evaluator = LMEvaluator(run, corpus, device) if rank == 0 else None
     every = max(run.steps // opts.evals, 1)
     snapshot = max(1, round(opts.snapshot_ratio * run.steps)) if objective == "mlm" else None
-    out = {"loss_curve": [], "val_curve": [], "train_seconds": 0.0, "eval_seconds": 0.0,
-           "vocab_size": corpus.vocab_size, "train_blocks": len(corpus.train), "valid_blocks": len(corpus.valid)}
+    out = {
+        "loss_curve": [],
+        "val_curve": [],
+        "train_seconds": 0.0,
+        "eval_seconds": 0.0,
+        "vocab_size": corpus.vocab_size,
+        "train_blocks": len(corpus.train),
+        "valid_blocks": len(corpus.valid),
+    }
 
     def evaluate(step: int) -> dict:  # collective: every rank gathers the weights, rank 0 scores them
         started = time.perf_counter()

@@ -1,8 +1,9 @@
 """Microbenchmarks (skipped by default): the host optimizer per parameter; one L2L step split by where time goes.
 
-    PYTHONPATH=. .venv/bin/python -m pytest tests/l2l/test_l2l_bench.py --benchmark-only -m "not slow"
-    PYTHONPATH=. .venv/bin/python -m pytest tests/l2l/test_l2l_bench.py --benchmark-only -m cuda   # on a GPU
+PYTHONPATH=. .venv/bin/python -m pytest tests/l2l/test_l2l_bench.py --benchmark-only -m "not slow"
+PYTHONPATH=. .venv/bin/python -m pytest tests/l2l/test_l2l_bench.py --benchmark-only -m cuda   # on a GPU
 """
+
 import time
 
 import pytest
@@ -52,8 +53,15 @@ def test_torch_fused_cpu_adamw_per_parameter(benchmark, bert_base):
 
 @pytest.mark.cuda
 def test_l2l_step_breakdown_on_cuda(benchmark):
-    run = RunConfig(method="l2l", device="cuda", model=ModelConfig(preset="bert-base"), seq_len=128,
-                    micro_batch_size=32, num_micro_batches=4, options={"stash": "cpu", "overlap": "on"}).validate()
+    run = RunConfig(
+        method="l2l",
+        device="cuda",
+        model=ModelConfig(preset="bert-base"),
+        seq_len=128,
+        micro_batch_size=32,
+        num_micro_batches=4,
+        options={"stash": "cpu", "overlap": "on"},
+    ).validate()
     device = torch.device("cuda")
     trace: list = []
     m = L2L(build_model(run.model, run.seed), run, device, trace=trace)

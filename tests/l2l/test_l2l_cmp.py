@@ -1,18 +1,27 @@
 """L2L-CMP: 16-bit device copies of FP32 host masters, checked against AMP; fp16 overflow skips the whole step."""
+
 import math
 
 import pytest
 import torch
 
-from suite.core.check import build_method, check
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method, check
 from suite.harness.data import synthetic_batches
 
 
 def tiny(precision="bf16", options=None, **kw) -> RunConfig:
-    return RunConfig(method="l2l-cmp", precision=precision, device="cpu", model=ModelConfig(layers=2), seq_len=16,
-                     micro_batch_size=2, num_micro_batches=kw.pop("num_micro_batches", 2), options=options or {},
-                     **kw)
+    return RunConfig(
+        method="l2l-cmp",
+        precision=precision,
+        device="cpu",
+        model=ModelConfig(layers=2),
+        seq_len=16,
+        micro_batch_size=2,
+        num_micro_batches=kw.pop("num_micro_batches", 2),
+        options=options or {},
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("stash,overlap", [("gpu", "off"), ("cpu", "on")])
@@ -58,8 +67,9 @@ def _assert_skipped_and_untouched(m, stats, before):
     assert stats.skipped
     after = m.state_dict()
     assert all(torch.equal(weights[k], after[k]) for k in weights), "a weight changed in a skipped step"
-    assert all(torch.equal(a, b) for a, b in zip(state, m.server.optimizer_state())), \
+    assert all(torch.equal(a, b) for a, b in zip(state, m.server.optimizer_state())), (
         "optimizer state changed in a skipped step"
+    )
     assert m.scaler.scale == scale * m.scaler.backoff_factor
 
 
@@ -84,7 +94,7 @@ def test_fp16_overflow_everywhere_skips_the_step(overlap):
     m = build_method(tiny("fp16", dict(overlap=overlap, stash="cpu")).validate())
     batches = synthetic_batches(m.run)
     m.step(next(batches))
-    m.scaler.scale = 2.0 ** 40  # the scaled loss gradient overflows fp16 already in the head
+    m.scaler.scale = 2.0**40  # the scaled loss gradient overflows fp16 already in the head
     before = _snapshot(m)
     _assert_skipped_and_untouched(m, m.step(next(batches)), before)
 

@@ -1,11 +1,12 @@
 """L2L on a GPU (cuda marker): copies overlap compute, memory is flat in depth, and the equivalence holds on CUDA."""
+
 import pytest
 import torch
 
 from methods.l2l.method import L2L
 from methods.l2l.timeline import breakdown, overlap, spans, union
-from suite.core.check import build_method, check
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method, check
 from suite.harness.data import synthetic_batches
 from suite.harness.model import build_model
 
@@ -26,8 +27,9 @@ def _cuda_run(**kw) -> RunConfig:
 
 @pytest.mark.cuda
 def test_upload_of_the_next_layer_overlaps_compute():
-    run = _cuda_run(model=ModelConfig(preset="bert-base", layers=8), seq_len=128, micro_batch_size=16,
-                    num_micro_batches=4).validate()
+    run = _cuda_run(
+        model=ModelConfig(preset="bert-base", layers=8), seq_len=128, micro_batch_size=16, num_micro_batches=4
+    ).validate()
     trace: list = []
     m = L2L(build_model(run.model, run.seed), run, torch.device("cuda"), trace=trace)
     batches = synthetic_batches(run)
@@ -52,12 +54,22 @@ def test_upload_of_the_next_layer_overlaps_compute():
 @pytest.mark.cuda
 @pytest.mark.parametrize("options", [dict(stash="gpu", overlap="off"), dict(stash="cpu", overlap="on")])
 def test_equivalence_on_cuda(options):
-    run = _cuda_run(model=ModelConfig(layers=4), seq_len=32, micro_batch_size=2, num_micro_batches=4,
-                    options=options)
+    run = _cuda_run(model=ModelConfig(layers=4), seq_len=32, micro_batch_size=2, num_micro_batches=4, options=options)
     result = check(run, "grad_accum", steps=3)
     assert result.passed, result.report(top=5)
-    cmp = check(_cuda_run(method="l2l-cmp", precision="fp16", model=ModelConfig(layers=4), seq_len=32,
-                          micro_batch_size=2, num_micro_batches=4, options=options), "amp", steps=3)
+    cmp = check(
+        _cuda_run(
+            method="l2l-cmp",
+            precision="fp16",
+            model=ModelConfig(layers=4),
+            seq_len=32,
+            micro_batch_size=2,
+            num_micro_batches=4,
+            options=options,
+        ),
+        "amp",
+        steps=3,
+    )
     assert cmp.passed, cmp.report(top=5)
 
 
@@ -65,8 +77,13 @@ def test_equivalence_on_cuda(options):
 def test_device_memory_flat_in_depth_on_cuda():
     peaks, block = [], 0
     for layers in (4, 16):
-        run = _cuda_run(model=ModelConfig(preset="tiny-wide", layers=layers), seq_len=128, micro_batch_size=8,
-                        num_micro_batches=2, options={"stash": "cpu"}).validate()
+        run = _cuda_run(
+            model=ModelConfig(preset="tiny-wide", layers=layers),
+            seq_len=128,
+            micro_batch_size=8,
+            num_micro_batches=2,
+            options={"stash": "cpu"},
+        ).validate()
         m = build_method(run)
         batches = synthetic_batches(run)
         m.step(next(batches))

@@ -1,4 +1,5 @@
 """L2L against grad_accum through the equivalence oracle: FP32, dropout on, padded batches, every option."""
+
 import itertools
 import os
 import subprocess
@@ -9,21 +10,30 @@ import pytest
 
 from methods.l2l.relay import DeviceRelay
 from methods.l2l.updates import HostUpdater
-from suite.core.check import check
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import check
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIBATCH = 8
 
 
 def tiny(num_micro_batches=2, options=None, **kw) -> RunConfig:
-    return RunConfig(method=kw.pop("method", "l2l"), device="cpu", model=ModelConfig(layers=2), seq_len=16,
-                     micro_batch_size=MINIBATCH // num_micro_batches, num_micro_batches=num_micro_batches,
-                     options=options or {}, **kw)
+    return RunConfig(
+        method=kw.pop("method", "l2l"),
+        device="cpu",
+        model=ModelConfig(layers=2),
+        seq_len=16,
+        micro_batch_size=MINIBATCH // num_micro_batches,
+        num_micro_batches=num_micro_batches,
+        options=options or {},
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("stash,num_micro_batches,overlap,optimizer",
-                         list(itertools.product(("gpu", "cpu"), (1, 4), ("off", "on"), ("lamb", "adamw"))))
+@pytest.mark.parametrize(
+    "stash,num_micro_batches,overlap,optimizer",
+    list(itertools.product(("gpu", "cpu"), (1, 4), ("off", "on"), ("lamb", "adamw"))),
+)
 def test_l2l_matches_grad_accum(stash, num_micro_batches, overlap, optimizer):
     run = tiny(num_micro_batches, dict(stash=stash, overlap=overlap), optimizer=optimizer)
     result = check(run, "grad_accum", steps=3)
@@ -59,9 +69,29 @@ def test_oracle_catches_stale_slot_weights(monkeypatch):
 
 
 def test_cli_check_passes():
-    cmd = [sys.executable, "-m", "suite", "check", "l2l", "--against", "grad_accum", "--steps", "3",
-           "--set", "device=cpu", "--set", "model.layers=2", "--set", "seq_len=16", "--set", "stash=cpu",
-           "--set", "overlap=on", "--set", "num_micro_batches=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "suite",
+        "check",
+        "l2l",
+        "--against",
+        "grad_accum",
+        "--steps",
+        "3",
+        "--set",
+        "device=cpu",
+        "--set",
+        "model.layers=2",
+        "--set",
+        "seq_len=16",
+        "--set",
+        "stash=cpu",
+        "--set",
+        "overlap=on",
+        "--set",
+        "num_micro_batches=4",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

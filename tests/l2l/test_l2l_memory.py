@@ -1,8 +1,9 @@
 """Device memory against depth (CPU live-bytes tracker): flat with stash=cpu, +1 activation per layer with stash=gpu."""
+
 import pytest
 
-from suite.core.check import build_method
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method
 from suite.harness.data import synthetic_batches
 from suite.measure.memory import LiveBytesTracker
 
@@ -12,10 +13,15 @@ HIDDEN, SEQ, MICRO_BATCH, MICRO_BATCHES = 16, 16, 2, 2
 
 def _peak(layers: int, method: str = "l2l", **options) -> tuple[int, int, int]:
     """(tracked step peak + resident bytes, resident bytes, bytes of one block's parameters)."""
-    run = RunConfig(method=method, device="cpu", seq_len=SEQ, micro_batch_size=MICRO_BATCH,
-                    num_micro_batches=MICRO_BATCHES, options=options,
-                    model=ModelConfig(layers=layers, hidden=HIDDEN, heads=2, intermediate=2 * HIDDEN,
-                                      vocab_size=128, max_seq=SEQ)).validate()
+    run = RunConfig(
+        method=method,
+        device="cpu",
+        seq_len=SEQ,
+        micro_batch_size=MICRO_BATCH,
+        num_micro_batches=MICRO_BATCHES,
+        options=options,
+        model=ModelConfig(layers=layers, hidden=HIDDEN, heads=2, intermediate=2 * HIDDEN, vocab_size=128, max_seq=SEQ),
+    ).validate()
     m = build_method(run)
     batches = synthetic_batches(run, padded=True)
     m.step(next(batches))  # first-step allocations (host stash buffers) are not the steady state

@@ -1,23 +1,32 @@
 """The relay's slots and uploads, the param server's buffers, the overlap of host updates, options and state."""
+
 import dataclasses
 import threading
 
 import pytest
 import torch
 
-from suite.core.check import build_method, relative_error
 from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig, RunConfig, apply_overrides
-from suite.harness.data import synthetic_batches
+from suite.core.check import build_method, relative_error
 from suite.core.registry import get
+from suite.harness.data import synthetic_batches
 
 BLOCKS = 4
 
 
 def _method(**kw):
     options = kw.pop("options", {})
-    run = RunConfig(method=kw.pop("method", "l2l"), device="cpu", model=ModelConfig(layers=BLOCKS), seq_len=16,
-                    micro_batch_size=2, num_micro_batches=2, options=options, **kw).validate()
+    run = RunConfig(
+        method=kw.pop("method", "l2l"),
+        device="cpu",
+        model=ModelConfig(layers=BLOCKS),
+        seq_len=16,
+        micro_batch_size=2,
+        num_micro_batches=2,
+        options=options,
+        **kw,
+    ).validate()
     return build_method(run)
 
 
@@ -54,6 +63,7 @@ def test_host_buffers_are_allocated_once():
     def pointers():
         bufs = server.flat + server.grad_flat + server.wire + server.landing + server.optimizer_state()
         return [t.data_ptr() for t in bufs] + [t.data_ptr() for s in m.relay.slots for t in (s.flat, s.grad)]
+
     before = pointers()
     batches = synthetic_batches(m.run)
     m.step(next(batches))
@@ -97,6 +107,7 @@ def _host_commit_during_backward(m, timeout: float) -> bool:
         if layer == 0 and len(seen) > 1:  # the embeddings again: their backward
             seen.append(committed.wait(timeout))
         return use(layer)
+
     m.server.commit, m.relay.use = logged_commit, gated_use
     m.step(next(synthetic_batches(m.run)))
     m.state_dict()
@@ -107,9 +118,11 @@ def test_overlap_updates_layers_while_the_backward_runs():
     assert _host_commit_during_backward(_method(options=dict(overlap="on")), timeout=30.0)
 
 
-@pytest.mark.parametrize("kw", [dict(options=dict(overlap="off")),
-                                dict(options=dict(overlap="on"), clip_grad_norm=1.0)],
-                         ids=["overlap-off", "overlap-on-clipping"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(options=dict(overlap="off")), dict(options=dict(overlap="on"), clip_grad_norm=1.0)],
+    ids=["overlap-off", "overlap-on-clipping"],
+)
 def test_no_update_before_the_backward_has_finished(kw):
     # Algorithm 2 updates after the backward; a global gate (clipping) defers the commits too.
     assert not _host_commit_during_backward(_method(**kw), timeout=0.5)
@@ -132,11 +145,17 @@ def test_batches_of_changing_length_match_grad_accum():
     w0 = ref.state_dict()
     for batch, length in zip(synthetic_batches(m.run, padded=True), (16, 8, 12)):
         cut = lambda t: t[:, :length].contiguous()  # noqa: E731
-        batch = dataclasses.replace(batch, input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
-                                    token_type_ids=cut(batch.token_type_ids))
+        batch = dataclasses.replace(
+            batch,
+            input_ids=cut(batch.input_ids),
+            attention_mask=cut(batch.attention_mask),
+            token_type_ids=cut(batch.token_type_ids),
+        )
         m.step(batch)
         ref.step(batch)
     ours, theirs = m.state_dict(), ref.state_dict()
-    assert max(relative_error(ours[k] - w0[k], theirs[k] - w0[k]) for k in ours
-               if k not in ref.model.gradient_free()) <= 1e-6
+    assert (
+        max(relative_error(ours[k] - w0[k], theirs[k] - w0[k]) for k in ours if k not in ref.model.gradient_free())
+        <= 1e-6
+    )
     assert all(buf.numel() == 2 * 16 * m.model.cfg.hidden for buf in m.stash.host.values())

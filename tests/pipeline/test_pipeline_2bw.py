@@ -1,26 +1,42 @@
 """PipeDream-2BW: per-step windows of the schedule, double-buffered stages, equivalence with 2bw-reference."""
+
 import dataclasses
 
 import pytest
 import torch
 
-from methods.pipeline.schedules.schedule import (FORWARD, OPTIMIZER_STEP, Schedule, _shift_groups, two_bw, two_bw_drain, two_bw_window)
-from methods.pipeline.schedules.validate import ScheduleError, validate
-from suite import cli
-from suite.core.check import build_method, check
-from suite.config.run import ModelConfig, RunConfig
-from suite.harness.data import synthetic_batches
-
 # Sibling test modules (pytest's rootdir import mode puts tests/pipeline on sys.path).
 from test_pipeline_exec_dist import _assert_passes, _check
 from test_pipeline_schedule import GOLDEN
+
+from methods.pipeline.schedules.schedule import (
+    FORWARD,
+    OPTIMIZER_STEP,
+    Schedule,
+    _shift_groups,
+    two_bw,
+    two_bw_drain,
+    two_bw_window,
+)
+from methods.pipeline.schedules.validate import ScheduleError, validate
+from suite import cli
+from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method, check
+from suite.harness.data import synthetic_batches
 
 MODEL = ModelConfig(layers=2, hidden=32, heads=2, intermediate=64)  # 4 layers: embeddings, 2 blocks, head
 
 
 def _run(m=4, **opts):
-    return RunConfig(method="pipedream-2bw", model=MODEL, seq_len=8, micro_batch_size=4, num_micro_batches=m,
-                     device="cpu", options={"executor": "reference", **opts})
+    return RunConfig(
+        method="pipedream-2bw",
+        model=MODEL,
+        seq_len=8,
+        micro_batch_size=4,
+        num_micro_batches=m,
+        device="cpu",
+        options={"executor": "reference", **opts},
+    )
 
 
 def _windows(d, m, steps, start=0):
@@ -61,8 +77,9 @@ def test_every_window_holds_one_update_per_stage_after_the_first():
     for d, m in ((1, 2), (2, 4), (4, 4), (4, 2)):
         assert all(not [a for a in acts if a.kind is OPTIMIZER_STEP] for acts in two_bw_window(d, m, 0))
         for t in (1, 2, 5):
-            assert [[a.version for a in acts if a.kind is OPTIMIZER_STEP] for acts in two_bw_window(d, m, t)] \
-                == [[t]] * d
+            assert [[a.version for a in acts if a.kind is OPTIMIZER_STEP] for acts in two_bw_window(d, m, t)] == [
+                [t]
+            ] * d
 
 
 @pytest.mark.parametrize("d,m", [(2, 4), (4, 4), (4, 2), (3, 1)])
@@ -130,8 +147,9 @@ def test_stages_hold_two_versions_and_the_shadow_is_a_separate_copy():
     # The shadow is counted as resident: one extra copy of the weights, no extra optimizer state.
     flush = build_method(dataclasses.replace(run, method="pipedream-flush"))
     flush.step(next(synthetic_batches(run)))
-    assert subject.resident_device_bytes() - flush.resident_device_bytes() == \
-        sum(p.numel() * p.element_size() for st in subject.stages for p in st.params)
+    assert subject.resident_device_bytes() - flush.resident_device_bytes() == sum(
+        p.numel() * p.element_size() for st in subject.stages for p in st.params
+    )
     with pytest.raises(RuntimeError, match=r"holds versions \[1, 2\]"):
         subject.stages[0].check_version(dataclasses.replace(two_bw(2, 4, 1).actions[0][0], version=0))
     with pytest.raises(RuntimeError, match="no update-free step"):
@@ -173,11 +191,22 @@ def test_dist_two_ranks_matches_2bw_reference():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stages,width,recompute,extra", [
-    (4, 1, False, []), (2, 2, False, []), (2, 2, True, ["--set", "clip_grad_norm=0.05"]), (1, 2, False, [])])
+@pytest.mark.parametrize(
+    "stages,width,recompute,extra",
+    [(4, 1, False, []), (2, 2, False, []), (2, 2, True, ["--set", "clip_grad_norm=0.05"]), (1, 2, False, [])],
+)
 def test_dist_matches_2bw_reference_all_combinations(stages, width, recompute, extra):
-    _assert_passes(_check("pipedream-2bw", stages, width, recompute,
-                          ["--against", "2bw-reference", "--steps", "4", *extra], m=4 * width), stages)
+    _assert_passes(
+        _check(
+            "pipedream-2bw",
+            stages,
+            width,
+            recompute,
+            ["--against", "2bw-reference", "--steps", "4", *extra],
+            m=4 * width,
+        ),
+        stages,
+    )
 
 
 @pytest.mark.slow
@@ -188,8 +217,16 @@ def test_replicated_reference_executor_matches_2bw_reference(stages, width):
 
 
 def test_suite_check_cli(capsys):
-    sets = ["stages=2", "model.layers=2", "model.hidden=32", "model.heads=2", "model.intermediate=64", "seq_len=8",
-            "device=cpu", "num_micro_batches=2"]
+    sets = [
+        "stages=2",
+        "model.layers=2",
+        "model.hidden=32",
+        "model.heads=2",
+        "model.intermediate=64",
+        "seq_len=8",
+        "device=cpu",
+        "num_micro_batches=2",
+    ]
     args = ["check", "pipedream-2bw", "--against", "2bw-reference", "--steps", "3"]
     assert cli.main(args + [x for s in sets for x in ("--set", s)]) == 0
     assert "PASS" in capsys.readouterr().out

@@ -4,6 +4,7 @@ The timed work spans two processes, which pytest-benchmark's in-process timer ca
 test launches experiments/benchmarks/pipeline_vs_torch.py under torchrun (it times every step across ranks and
 writes results/pipeline_bench.md + .json); pytest-benchmark records the launch and the numbers.
 """
+
 import json
 import subprocess
 

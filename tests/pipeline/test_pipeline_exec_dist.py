@@ -1,4 +1,5 @@
 """Distributed executor on gloo ranks: equivalence with grad_accum, stash bounds, and failures that end the run."""
+
 import re
 import subprocess
 import time
@@ -8,13 +9,37 @@ import pytest
 from methods.pipeline.executors.torchrun import torchrun
 
 TIMEOUT = 180  # a hang fails the test instead of stalling the run
-TINY = ["--set", "model.layers=2", "--set", "model.hidden=32", "--set", "model.heads=2", "--set",
-        "model.intermediate=64", "--set", "seq_len=8", "--steps", "3"]
+TINY = [
+    "--set",
+    "model.layers=2",
+    "--set",
+    "model.hidden=32",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "model.intermediate=64",
+    "--set",
+    "seq_len=8",
+    "--steps",
+    "3",
+]
 
 
 def _check(method, stages, width, recompute, extra=(), m=4):
-    args = ["--method", method, *TINY, "--set", f"num_micro_batches={m}", "--set", f"stages={stages}",
-            "--set", f"width={width}", "--set", f"recompute={'on' if recompute else 'off'}", *extra]
+    args = [
+        "--method",
+        method,
+        *TINY,
+        "--set",
+        f"num_micro_batches={m}",
+        "--set",
+        f"stages={stages}",
+        "--set",
+        f"width={width}",
+        "--set",
+        f"recompute={'on' if recompute else 'off'}",
+        *extra,
+    ]
     try:
         return torchrun(stages * width, "methods.pipeline.executors.dist_check", args, TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -36,11 +61,14 @@ def _assert_passes(proc, stages):
 
 
 # A representative subset in the default run; all combinations below under `slow`.
-@pytest.mark.parametrize("method,stages,width,recompute", [
-    ("gpipe", 2, 1, True),
-    ("pipedream-flush", 4, 1, False),
-    ("pipedream-flush", 2, 2, False),
-])
+@pytest.mark.parametrize(
+    "method,stages,width,recompute",
+    [
+        ("gpipe", 2, 1, True),
+        ("pipedream-flush", 4, 1, False),
+        ("pipedream-flush", 2, 2, False),
+    ],
+)
 def test_dist_matches_grad_accum(method, stages, width, recompute):
     largest = _assert_passes(_check(method, stages, width, recompute, m=4 * width), stages)
     if width == 1:

@@ -1,24 +1,32 @@
 """Reference executor: GPipe and PipeDream-Flush equal grad_accum through suite.core.check; stash at its bound."""
+
 import dataclasses
 
 import pytest
 import torch
 
 from methods.pipeline.executors.reference import ReferenceExecutor
+from methods.pipeline.executors.stage import Stage
 from methods.pipeline.schedules.schedule import Kind, two_bw
 from methods.pipeline.schedules.simulate import Timeline
-from methods.pipeline.executors.stage import Stage
 from suite import cli
-from suite.core.check import build_method, check
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method, check
 from suite.harness.data import synthetic_batches
 
 MODEL = ModelConfig(layers=2, hidden=32, heads=2, intermediate=64)  # 4 layers: embeddings, 2 blocks, head
 
 
 def _run(method, m=4, **opts):
-    return RunConfig(method=method, model=MODEL, seq_len=8, micro_batch_size=4, num_micro_batches=m, device="cpu",
-                     options={"executor": "reference", **opts})
+    return RunConfig(
+        method=method,
+        model=MODEL,
+        seq_len=8,
+        micro_batch_size=4,
+        num_micro_batches=m,
+        device="cpu",
+        options={"executor": "reference", **opts},
+    )
 
 
 @pytest.mark.parametrize("recompute", [True, False])
@@ -119,7 +127,7 @@ def test_two_bw_versions_are_refused_and_deadlocks_reported():
     fresh = build_method(run)
     s0, s1 = fresh.schedule.actions
     first_recv = next(i for i, a in enumerate(s0) if a.kind is Kind.RECV_GRAD)
-    cyclic = [[s0[first_recv]] + s0[:first_recv] + s0[first_recv + 1:], s1]  # waits for a gradient first
+    cyclic = [[s0[first_recv]] + s0[:first_recv] + s0[first_recv + 1 :], s1]  # waits for a gradient first
     with pytest.raises(RuntimeError, match="deadlock: replica 0 stage 0 at <g0; replica 0 stage 1 at <a0"):
         ReferenceExecutor(fresh.stages).run(cyclic, [ctxs])
     with pytest.raises(RuntimeError, match="which no earlier action produced"):
@@ -127,8 +135,16 @@ def test_two_bw_versions_are_refused_and_deadlocks_reported():
 
 
 def test_suite_check_cli_runs_the_reference_executor(capsys):
-    sets = ["stages=3", "model.layers=2", "model.hidden=32", "model.heads=2", "model.intermediate=64", "seq_len=8",
-            "device=cpu", "num_micro_batches=4"]
+    sets = [
+        "stages=3",
+        "model.layers=2",
+        "model.hidden=32",
+        "model.heads=2",
+        "model.intermediate=64",
+        "seq_len=8",
+        "device=cpu",
+        "num_micro_batches=4",
+    ]
     args = ["check", "gpipe", "--steps", "2"] + [x for s in sets for x in ("--set", s)]
     assert cli.main(args) == 0
     assert "PASS" in capsys.readouterr().out

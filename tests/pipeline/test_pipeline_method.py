@@ -1,21 +1,23 @@
 """PipelineMethod: registration, options, world size, partition, configuration errors, per-step action ids."""
+
 import dataclasses
 
 import pytest
 
 from methods.pipeline.method import PipelineMethod, step_actions
 from methods.pipeline.schedules.schedule import FORWARD, OPTIMIZER_STEP, gpipe
-from suite.core import registry
-from suite.core.check import build_method
 from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig, RunConfig, apply_overrides
+from suite.core import registry
+from suite.core.check import build_method
 
 MODEL = ModelConfig(layers=2, hidden=32, heads=2, intermediate=64)
 
 
 def _run(method, **opts):
-    return RunConfig(method=method, model=MODEL, seq_len=8, micro_batch_size=4, num_micro_batches=4, device="cpu",
-                     options=opts).validate()
+    return RunConfig(
+        method=method, model=MODEL, seq_len=8, micro_batch_size=4, num_micro_batches=4, device="cpu", options=opts
+    ).validate()
 
 
 def test_registered_with_their_papers_defaults():
@@ -31,8 +33,9 @@ def test_registered_with_their_papers_defaults():
 
 def test_world_size_and_options_from_the_command_line():
     cls = registry.get("pipedream-flush")
-    run = apply_overrides(RunConfig(method="pipedream-flush"), ["executor=dist", "stages=3", "width=2", "recompute=on"],
-                          cls.options)
+    run = apply_overrides(
+        RunConfig(method="pipedream-flush"), ["executor=dist", "stages=3", "width=2", "recompute=on"], cls.options
+    )
     assert run.options == {"executor": "dist", "stages": 3, "width": 2, "recompute": True}
     assert cls.world_size(run) == 6
     assert cls.world_size(_run("pipedream-flush", stages=3, width=2)) == 1  # reference: one process
@@ -50,8 +53,10 @@ def test_partition_by_parameter_count_and_state_dict_names():
     assert method.resident_device_bytes() > 0
 
 
-@pytest.mark.parametrize("opts,match", [({"stages": 5}, "stages=5"), ({"width": 3}, "width=3"),
-                                        ({"executor": "dist"}, "torch.distributed.run")])
+@pytest.mark.parametrize(
+    "opts,match",
+    [({"stages": 5}, "stages=5"), ({"width": 3}, "width=3"), ({"executor": "dist"}, "torch.distributed.run")],
+)
 def test_configuration_errors_name_the_fix(opts, match, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ConfigError, match=match):

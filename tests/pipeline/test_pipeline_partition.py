@@ -1,4 +1,5 @@
 """The partitioner's min-max contiguous split is optimal (brute-force check) and well formed."""
+
 import itertools
 import random
 

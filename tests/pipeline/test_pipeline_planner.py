@@ -1,9 +1,11 @@
 """The planner: cost model against closed forms, memory ordering, the ranked sweep, the CLI, and one measured run."""
+
 import dataclasses
 
 import pytest
 
-from methods.pipeline.planner import costmodel, predict as planner
+from methods.pipeline.planner import costmodel
+from methods.pipeline.planner import predict as planner
 from methods.pipeline.planner.costmodel import LayerCost, Link, Profile
 from suite.cli import main as cli_main
 from suite.config.run import RunConfig
@@ -13,8 +15,12 @@ def uniform(n_blocks=8, f=1.0, b=2.0, keep=100.0, out=10.0, params=1000) -> Prof
     """Identical blocks costing f and b seconds per sample, free embed and head (closed forms hold)."""
     blk = LayerCost("block", params, (0.0, f), (0.0, b), keep, out, 0.0)
     ends = LayerCost("end", 0, (0.0, 0.0), (0.0, 0.0), 0.0, out, 0.0)
-    return Profile("test", 8, [ends, *[dataclasses.replace(blk) for _ in range(n_blocks)], dataclasses.replace(ends)],
-                   holds_sends=False)
+    return Profile(
+        "test",
+        8,
+        [ends, *[dataclasses.replace(blk) for _ in range(n_blocks)], dataclasses.replace(ends)],
+        holds_sends=False,
+    )
 
 
 @pytest.mark.parametrize("d,m", [(2, 4), (4, 8), (4, 4), (8, 16)])
@@ -43,8 +49,10 @@ def test_recompute_adds_a_forward_and_keeps_only_inputs():
 def test_memory_ordering_is_the_papers():
     """§3.1/§5.3: GPipe stashes m, 2BW d - s plus a second weight version, Flush d - s, inter-layer MP one."""
     prof = uniform(keep=5000.0)  # activations outweigh weights, as in the paper's models
-    mem = {meth: planner.predict(prof, meth, 4, 1, 1, 16, recompute=False).stage_memory
-           for meth in ("gpipe", "pipedream-2bw", "pipedream-flush", "mp")}
+    mem = {
+        meth: planner.predict(prof, meth, 4, 1, 1, 16, recompute=False).stage_memory
+        for meth in ("gpipe", "pipedream-2bw", "pipedream-flush", "mp")
+    }
     assert max(mem["gpipe"]) > max(mem["pipedream-2bw"]) > max(mem["pipedream-flush"]) > max(mem["mp"])
     # Stage 0 holds d - 0 = 4 stashes under 1F1B, the last stage one.
     assert mem["pipedream-flush"][0] > mem["pipedream-flush"][-1]
@@ -96,9 +104,31 @@ def test_measured_profile_has_every_layer():
 
 
 def test_plan_cli_projects_the_papers_cluster(capsys):
-    rc = cli_main(["plan", "--device", "v100", "--workers", "8", "--batch", "512", "--top", "3",
-                   "--set", "model.layers=24", "--set", "model.hidden=2048", "--set", "model.heads=16",
-                   "--set", "model.vocab_size=51200", "--set", "model.max_seq=1024", "--set", "seq_len=512"])
+    rc = cli_main(
+        [
+            "plan",
+            "--device",
+            "v100",
+            "--workers",
+            "8",
+            "--batch",
+            "512",
+            "--top",
+            "3",
+            "--set",
+            "model.layers=24",
+            "--set",
+            "model.hidden=2048",
+            "--set",
+            "model.heads=16",
+            "--set",
+            "model.vocab_size=51200",
+            "--set",
+            "model.max_seq=1024",
+            "--set",
+            "seq_len=512",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "| 1 | pipedream-2bw |" in out and "projected" in out
     assert cli_main(["plan", "--workers", "2", "--batch", "8", "--methods", "zero-bubble"]) == 2
@@ -112,8 +142,15 @@ def test_planner_predictions_hold_against_a_measured_run(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
     monkeypatch.setattr("suite.config.paths.RESULTS_DIR", tmp_path)
-    records = sweep(EXPERIMENT, profile="tiny", only=["flush-d2-b4"], overrides=["steps=4"],
-                    results_dir=tmp_path, wandb_mode="off", progress=lambda m: None)
+    records = sweep(
+        EXPERIMENT,
+        profile="tiny",
+        only=["flush-d2-b4"],
+        overrides=["steps=4"],
+        results_dir=tmp_path,
+        wandb_mode="off",
+        progress=lambda m: None,
+    )
     (rec,) = records
     assert rec["status"] == "ok", rec.get("error")
     m = rec["metrics"]

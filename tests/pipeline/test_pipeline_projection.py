@@ -5,7 +5,14 @@ import pytest
 from experiments import fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw
 from methods.pipeline.planner.costmodel import DEVICE_SPECS, analytic_profile
 from methods.pipeline.planner.predict import predict
-from methods.pipeline.planner.projection import (ProjectedOOM, extended_profile, fastest_fitting, max_layers, paper_profile, project)
+from methods.pipeline.planner.projection import (
+    ProjectedOOM,
+    extended_profile,
+    fastest_fitting,
+    max_layers,
+    paper_profile,
+    project,
+)
 from suite.core import cell as cell_mod
 from suite.core import runner
 from suite.sweep import sweep
@@ -64,22 +71,30 @@ def test_over_the_cap_is_oom_with_the_predicted_memory():
 
 def test_fig6_projection_orders_2bw_flush_gpipe_at_low_batch():
     cells = _cells(fig6_2bw)
-    t = {s: project(cells[f"projected-2.2B-{s}-B64"].run)["throughput"]
-         for s in ("gpipe", "pipedream-flush", "pipedream-2bw", "mp")}
+    t = {
+        s: project(cells[f"projected-2.2B-{s}-B64"].run)["throughput"]
+        for s in ("gpipe", "pipedream-flush", "pipedream-2bw", "mp")
+    }
     assert t["pipedream-2bw"] >= t["pipedream-flush"] >= t["gpipe"] > t["mp"]
 
 
 def test_fig7_projection_memory_order_at_the_papers_batch():
     cells = _cells(fig7_2bw)
-    mem = {s: _metrics(cells[f"projected-{s}-B64-rc0"].run)["memory_worst_rank_gb"]
-           for s in ("gpipe", "pipedream-flush", "pipedream-2bw", "mp")}
+    mem = {
+        s: _metrics(cells[f"projected-{s}-B64-rc0"].run)["memory_worst_rank_gb"]
+        for s in ("gpipe", "pipedream-flush", "pipedream-2bw", "mp")
+    }
     assert mem["gpipe"] > 16 > mem["pipedream-2bw"] > mem["pipedream-flush"] > mem["mp"]
 
 
 def test_fig8_projection_rises_with_batch_and_larger_b_wins_at_d8():
     cells = _cells(fig8_2bw)
-    t = {(d, b, B): project(cells[f"projected-d{d}-b{b}-B{B}"].run)["throughput"]
-         for d, b in fig8_2bw.PROJECTED for B in fig8_2bw.PROJECTED_BATCHES if f"projected-d{d}-b{b}-B{B}" in cells}
+    t = {
+        (d, b, B): project(cells[f"projected-d{d}-b{b}-B{B}"].run)["throughput"]
+        for d, b in fig8_2bw.PROJECTED
+        for B in fig8_2bw.PROJECTED_BATCHES
+        if f"projected-d{d}-b{b}-B{B}" in cells
+    }
     for d, b in fig8_2bw.PROJECTED:
         series = [v for (dd, bb, _), v in sorted(t.items()) if (dd, bb) == (d, b)]
         assert series == sorted(series)
@@ -103,8 +118,9 @@ def test_sweep_writes_table_and_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_cell", lambda c, timeout=None: cell_mod.execute(c.resolved()))
     for exp in (fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw):
         only = [n for n, c in _cells(exp).items() if c.kind == "projected"]
-        records = sweep(exp.EXPERIMENT, "tiny", only=only, wandb_mode="off", results_dir=tmp_path,
-                               progress=lambda *_: None)
+        records = sweep(
+            exp.EXPERIMENT, "tiny", only=only, wandb_mode="off", results_dir=tmp_path, progress=lambda *_: None
+        )
         assert all(r["status"] in ("ok", "oom") for r in records)
         assert (tmp_path / f"{exp.EXPERIMENT.name}.md").exists()
         assert (tmp_path / "figures" / f"{exp.EXPERIMENT.name}.png").exists()

@@ -1,9 +1,19 @@
 """Golden text tables and exhaustive properties of the GPipe, 1F1B and 2BW schedule generators."""
+
 from collections import Counter
 
 import pytest
 
-from methods.pipeline.schedules.schedule import (BACKWARD, FORWARD, Action, Kind, gpipe, one_f_one_b, two_bw, weight_version)
+from methods.pipeline.schedules.schedule import (
+    BACKWARD,
+    FORWARD,
+    Action,
+    Kind,
+    gpipe,
+    one_f_one_b,
+    two_bw,
+    weight_version,
+)
 from methods.pipeline.schedules.validate import validate
 
 # Derived by hand from the paper's Figure 3 (2 stages, GPipe and PipeDream-Flush) and Figure 2
@@ -44,7 +54,8 @@ def test_golden_tables(key):
 def test_compute_only_text_matches_figure3_flush():
     # Paper Figure 3b, worker 1: 1 2 1 3 2 4 3 4; worker 2: 1 1 2 2 3 3 4 4 (1-indexed).
     assert one_f_one_b(2, 4).to_text(comm=False) == (
-        "s0: F0 F1 B0 F2 B1 F3 B2 B3 R U@v1\ns1: F0 B0 F1 B1 F2 B2 F3 B3 R U@v1")
+        "s0: F0 F1 B0 F2 B1 F3 B2 B3 R U@v1\ns1: F0 B0 F1 B1 F2 B2 F3 B3 R U@v1"
+    )
 
 
 def test_action_accepts_plain_strings_and_is_frozen():
@@ -93,8 +104,7 @@ def test_properties_all_small_sizes(d):
         for steps in (1, 2):
             _check_properties(gpipe(d, m, steps), [m] * d, 1)
             _check_properties(one_f_one_b(d, m, steps), [min(d - s, m) for s in range(d)], 1)
-            _check_properties(two_bw(d, m, steps),
-                              [min(d - s, m + 1, steps * m) for s in range(d)], min(steps, 2))
+            _check_properties(two_bw(d, m, steps), [min(d - s, m + 1, steps * m) for s in range(d)], min(steps, 2))
 
 
 def test_two_bw_updates_follow_each_group_and_two_versions_suffice():

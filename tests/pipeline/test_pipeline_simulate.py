@@ -1,4 +1,5 @@
 """Simulator: GPipe bubble formula, 1F1B vs GPipe, measured records, Chrome trace and PNG output."""
+
 import json
 
 import pytest
@@ -77,9 +78,18 @@ def test_simulating_a_deadlocked_schedule_raises():
 
 
 def _records(tl):
-    return [{"stage": s, "kind": e.action.kind.value, "mb": e.action.mb,
-             "version": e.action.version, "start": 100.0 + e.start, "end": 100.0 + e.end}
-            for s, evs in enumerate(tl.events) for e in evs]
+    return [
+        {
+            "stage": s,
+            "kind": e.action.kind.value,
+            "mb": e.action.mb,
+            "version": e.action.version,
+            "start": 100.0 + e.start,
+            "end": 100.0 + e.end,
+        }
+        for s, evs in enumerate(tl.events)
+        for e in evs
+    ]
 
 
 def test_timeline_from_measured_records():
@@ -88,8 +98,12 @@ def test_timeline_from_measured_records():
     assert back.d == 3 and back.makespan == tl.makespan and back.bubble == tl.bubble
     assert back.peak_stash == tl.peak_stash and back.throughput == tl.throughput
     assert [e.start for e in back.events[2]] == [e.start for e in tl.events[2]]
-    short = Timeline.from_records([{"stage": 0, "kind": "F", "mb": 0, "start": 2.0, "end": 3.0},
-                                   {"stage": 0, "kind": "B", "mb": 0, "start": 3.0, "end": 5.0}])
+    short = Timeline.from_records(
+        [
+            {"stage": 0, "kind": "F", "mb": 0, "start": 2.0, "end": 3.0},
+            {"stage": 0, "kind": "B", "mb": 0, "start": 3.0, "end": 5.0},
+        ]
+    )
     assert short.makespan == 3.0 and short.bubble == 0.0
     assert short.events[0][1].action.kind is Kind.BACKWARD
 

@@ -1,9 +1,10 @@
 """Stage: forward/backward of one micro-batch reproduce the whole model's gradients, with or without recompute."""
+
 import pytest
 import torch
 
-from methods.pipeline.schedules.schedule import Action, Kind
 from methods.pipeline.executors.stage import Stage, clip_coefficient
+from methods.pipeline.schedules.schedule import Action, Kind
 from suite.config.run import ModelConfig, RunConfig
 from suite.harness.data import synthetic_batch
 from suite.harness.model import build_model

@@ -1,4 +1,5 @@
 """`make pipeline-timelines`: simulated and measured (4 gloo ranks) timelines of GPipe and PipeDream-Flush."""
+
 import json
 
 import pytest

@@ -1,4 +1,5 @@
 """The validator rejects hand-corrupted schedules with a message naming stage, action and rule."""
+
 import dataclasses
 import re
 
@@ -38,6 +39,7 @@ def test_swapped_forward_and_backward():
         i, j = _index(acts, "F0"), _index(acts, "B0")
         acts[i], acts[j] = acts[j], acts[i]
         return acts
+
     _raises(_edit(one_f_one_b(2, 2), 1, swap), r"stage 1, action 1 \(B0\)", "precedes its forward")
 
 
@@ -58,9 +60,14 @@ def test_cyclic_wait_deadlock():
         i, j = _index(acts, ">a0"), _index(acts, "<g0")
         acts.insert(i, acts.pop(j))
         return acts
+
     sch = _edit(one_f_one_b(2, 1), 0, early_recv)
-    msg = _raises(sch, "deadlock", r"stage 0, action 1 \(<g0\) waits for SEND_GRAD",
-                  r"stage 1, action 0 \(<a0\) waits for SEND_ACT")
+    msg = _raises(
+        sch,
+        "deadlock",
+        r"stage 0, action 1 \(<g0\) waits for SEND_GRAD",
+        r"stage 1, action 0 \(<a0\) waits for SEND_ACT",
+    )
     with pytest.raises(ScheduleError, match="deadlock"):
         execution_order(sch)
     assert "cyclic wait" in msg
@@ -72,14 +79,24 @@ def test_deadlock_across_three_stages():
     def wait_first(acts):
         acts.insert(_index(acts, ">a1"), acts.pop(_index(acts, "<g0")))
         return acts
-    _raises(_edit(gpipe(3, 2), 0, wait_first), "deadlock", r"stage 0, action \d+ \(<g0\)",
-            r"stage 1, action \d+ \(<a1\)", r"stage 2, action \d+ \(<a1\)")
+
+    _raises(
+        _edit(gpipe(3, 2), 0, wait_first),
+        "deadlock",
+        r"stage 0, action \d+ \(<g0\)",
+        r"stage 1, action \d+ \(<a1\)",
+        r"stage 2, action \d+ \(<a1\)",
+    )
 
 
 def test_stash_bound_exceeded():
     g = gpipe(2, 4)  # all forwards first: 4 in flight on stage 0, but 1F1B allows d - s = 2
-    _raises(Schedule("1f1b", 2, 4, 1, g.actions), r"stage 0, action \d+ \(F2\)",
-            "3 micro-batches in flight", "stash bound 2")
+    _raises(
+        Schedule("1f1b", 2, 4, 1, g.actions),
+        r"stage 0, action \d+ \(F2\)",
+        "3 micro-batches in flight",
+        "stash bound 2",
+    )
 
 
 def test_duplicate_and_missing_actions():
@@ -92,8 +109,9 @@ def test_duplicate_and_missing_actions():
 
 
 def test_wrong_peer_and_stage():
-    bad = _edit(gpipe(2, 1), 0, lambda acts: [dataclasses.replace(a, peer=0)
-                                              if a.kind is Kind.SEND_ACT else a for a in acts])
+    bad = _edit(
+        gpipe(2, 1), 0, lambda acts: [dataclasses.replace(a, peer=0) if a.kind is Kind.SEND_ACT else a for a in acts]
+    )
     _raises(bad, r"stage 0, action 1 \(>a0\)", "must have peer 1")
     moved = _edit(gpipe(2, 1), 0, lambda acts: [dataclasses.replace(acts[0], stage=1)] + acts[1:])
     _raises(moved, "stage 0, action 0", "says stage 1")
@@ -104,6 +122,7 @@ def test_two_bw_wrong_version():
         i = _index(acts, "F4@v1")
         acts[i] = dataclasses.replace(acts[i], version=0)
         return acts
+
     _raises(_edit(two_bw(2, 2, 3), 0, stale), r"stage 0, action \d+ \(F4\)", "version rule gives 1")
 
 
@@ -112,6 +131,7 @@ def test_backward_version_differs_from_forward():
         i = _index(acts, "B4@v1")
         acts[i] = dataclasses.replace(acts[i], version=2)
         return acts
+
     _raises(_edit(two_bw(2, 2, 3), 1, other), r"\(B4@v2\)", "forward used 1", "same version")
 
 
@@ -120,12 +140,17 @@ def test_two_bw_three_live_versions():
     def early_update(acts):
         i = _index(acts, "U@v2")
         r, u = acts[i - 1], acts[i]
-        del acts[i - 1:i + 1]
+        del acts[i - 1 : i + 1]
         j = _index(acts, "U@v1") + 1
         acts[j:j] = [r, u]
         return acts
-    _raises(_edit(two_bw(2, 2, 3), 1, early_update), r"stage 1, action \d+ \(U@v2\)",
-            r"3 live weight versions \[0, 1, 2\]", "bound 2")
+
+    _raises(
+        _edit(two_bw(2, 2, 3), 1, early_update),
+        r"stage 1, action \d+ \(U@v2\)",
+        r"3 live weight versions \[0, 1, 2\]",
+        "bound 2",
+    )
 
 
 def test_version_used_before_it_exists():
@@ -134,6 +159,7 @@ def test_version_used_before_it_exists():
         f = acts.pop(_index(acts, "F2@v1"))
         acts.insert(_index(acts, "U@v1") - 1, f)
         return acts
+
     _raises(_edit(gpipe(1, 2, 2), 0, early), r"\(F2@v1\)", "before it is produced")
 
 
@@ -142,6 +168,7 @@ def test_flush_keeps_a_single_version():
         b = acts.pop(_index(acts, "B1"))
         acts.insert(_index(acts, "U@v1") + 1, b)
         return acts
+
     _raises(_edit(one_f_one_b(1, 2, 2), 0, late), r"2 live weight versions \[0, 1\]", "bound 1")
 
 

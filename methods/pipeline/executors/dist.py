@@ -1,4 +1,5 @@
 """torch.distributed interpreter of a Schedule: one rank per stage replica, batched non-blocking p2p."""
+
 from __future__ import annotations
 
 import os
@@ -11,18 +12,31 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from suite.config.errors import ConfigError
-
-from methods.pipeline.schedules.schedule import (ALL_REDUCE, BACKWARD, COMM, FORWARD, OPTIMIZER_STEP, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, SENDS, Action)
 from methods.pipeline.executors.stage import Stage, clip_coefficient, take
+from methods.pipeline.schedules.schedule import (
+    ALL_REDUCE,
+    BACKWARD,
+    COMM,
+    FORWARD,
+    OPTIMIZER_STEP,
+    RECV_ACT,
+    RECV_GRAD,
+    SEND_ACT,
+    SEND_GRAD,
+    SENDS,
+    Action,
+)
+from suite.config.errors import ConfigError
 
 
 def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
     """Join the torchrun process group (gloo on CPU, NCCL on CUDA) with a bounded timeout."""
     if not dist.is_initialized():
         if "RANK" not in os.environ:
-            raise ConfigError("executor=dist runs one process per stage replica: launch it with "
-                              "python -m torch.distributed.run --nproc_per_node=STAGES*WIDTH ...")
+            raise ConfigError(
+                "executor=dist runs one process per stage replica: launch it with "
+                "python -m torch.distributed.run --nproc_per_node=STAGES*WIDTH ..."
+            )
         kwargs = dict(timeout=timedelta(seconds=timeout_s))
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -59,8 +73,16 @@ class DistExecutor:
     (gloo; NCCL's watchdog enforces the group's).
     """
 
-    def __init__(self, stage: Stage, d: int, width: int, device: torch.device, timeout_s: float,
-                 clip_grad_norm: float = 0.0, sync_timing: bool = False):
+    def __init__(
+        self,
+        stage: Stage,
+        d: int,
+        width: int,
+        device: torch.device,
+        timeout_s: float,
+        clip_grad_norm: float = 0.0,
+        sync_timing: bool = False,
+    ):
         self.stage, self.d, self.width, self.device = stage, d, width, device
         self.rank = dist.get_rank()
         self.replica = self.rank % width
@@ -69,8 +91,10 @@ class DistExecutor:
         self.sync_timing = sync_timing and device.type == "cuda"
         self.gloo = dist.get_backend() == "gloo"
         # new_group is collective over all ranks, in the same order everywhere.
-        groups = [dist.new_group([s * width + r for r in range(width)], timeout=self.timeout)
-                  if width > 1 else None for s in range(d)]
+        groups = [
+            dist.new_group([s * width + r for r in range(width)], timeout=self.timeout) if width > 1 else None
+            for s in range(d)
+        ]
         self.stage_group = groups[stage.index]
         # One clock: perf_counter is system-wide on one host; across hosts align at a barrier.
         hosts: list = [None] * dist.get_world_size()
@@ -130,8 +154,12 @@ class DistExecutor:
             return float(loss)
         except BaseException as exc:
             where = f" at {self.at.token}" if self.at is not None else " at the end of the step"
-            print(f"[pipeline rank {self.rank}, stage {self.stage.index}, replica {self.replica}] step "
-                  f"failed{where}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            print(
+                f"[pipeline rank {self.rank}, stage {self.stage.index}, replica {self.replica}] step "
+                f"failed{where}:\n{traceback.format_exc()}",
+                file=sys.stderr,
+                flush=True,
+            )
             exc.pipeline_reported = True  # rank_main need not print the traceback again
             raise
 
@@ -167,8 +195,9 @@ class DistExecutor:
             ops, recvs = [], []
             for a in batch:
                 if a.kind in SENDS:
-                    ops.append(dist.P2POp(dist.isend, take(self.box, a.kind, a).contiguous(), self._peer(a),
-                                          tag=self._tag(a)))
+                    ops.append(
+                        dist.P2POp(dist.isend, take(self.box, a.kind, a).contiguous(), self._peer(a), tag=self._tag(a))
+                    )
                 else:
                     t = torch.empty(self.stage.boundary_shape(contexts[a.mb]), device=self.device)
                     ops.append(dist.P2POp(dist.irecv, t, self._peer(a), tag=self._tag(a)))
@@ -219,13 +248,29 @@ class DistExecutor:
             p.grad.copy_(g)
 
     def _record(self, a: Action, t0: float) -> None:
-        self.records.append(dict(rank=self.rank, replica=self.replica, stage=a.stage, kind=a.kind.value,
-                                 mb=a.mb, version=a.version, peer=a.peer, start=t0, end=self._now()))
+        self.records.append(
+            dict(
+                rank=self.rank,
+                replica=self.replica,
+                stage=a.stage,
+                kind=a.kind.value,
+                mb=a.mb,
+                version=a.version,
+                peer=a.peer,
+                start=t0,
+                end=self._now(),
+            )
+        )
 
     def gather(self) -> list[dict]:
         """Every rank's peak stash and last-step records, on every rank (collective)."""
-        mine = dict(rank=self.rank, stage=self.stage.index, replica=self.replica,
-                    peak=max(self.stage.peak.values(), default=0), records=self.records)
+        mine = dict(
+            rank=self.rank,
+            stage=self.stage.index,
+            replica=self.replica,
+            peak=max(self.stage.peak.values(), default=0),
+            records=self.records,
+        )
         out: list = [None] * dist.get_world_size()
         dist.all_gather_object(out, mine)
         return out

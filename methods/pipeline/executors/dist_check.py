@@ -10,6 +10,7 @@ hold bitwise identical weights and that the measured peak stash per stage equals
 validator's. Every rank exits non-zero on a mismatch; a failing rank prints its traceback and
 exits at once so torchrun tears the others down. `--fault` injects a failure (for the tests).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,20 +21,19 @@ import time
 import torch
 import torch.distributed as dist
 
+from methods.pipeline.executors.dist import rank_main
+from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
-from suite.config.run import RunConfig, apply_overrides
 from suite.harness.data import synthetic_batches
 from suite.harness.device import resolve_device
-
-from methods.pipeline.executors.dist import rank_main
 
 
 def _inject(fault: str) -> None:
     if fault == "exit":  # a rank that dies without a word
         os._exit(3)
     if fault == "hang":  # a rank that stops answering; its peers' waits must time out
-        time.sleep(10 ** 6)
+        time.sleep(10**6)
     if fault == "raise":
         raise RuntimeError("injected fault")
 
@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ok = True
     if rank == 0:
-        ref_run = dataclasses.replace(run, method=args.against, options={},
-                                      precision=default_precision(args.against, device))
+        ref_run = dataclasses.replace(
+            run, method=args.against, options={}, precision=default_precision(args.against, device)
+        )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
         ref_state = reference.state_dict()
@@ -79,15 +80,26 @@ def main(argv: list[str] | None = None) -> int:
         weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
         tol = max(TOLERANCE[run.precision], TOLERANCE[ref_run.precision])
         o = subject.opts
-        label = (f"{args.method} (dist, {world} ranks: stages={o['stages']} width={o['width']} "
-                 f"recompute={o['recompute']})")
-        result = CheckResult(label, f"{args.against} on 1 rank", args.steps, tol, errors, weight_errors,
-                             reference.model.gradient_free(), losses)
+        label = (
+            f"{args.method} (dist, {world} ranks: stages={o['stages']} width={o['width']} recompute={o['recompute']})"
+        )
+        result = CheckResult(
+            label,
+            f"{args.against} on 1 rank",
+            args.steps,
+            tol,
+            errors,
+            weight_errors,
+            reference.model.gradient_free(),
+            losses,
+        )
         print(result.report(top=5))
         report = subject.report
         stash_ok = peaks == report.peak_stash
-        print(f"peak stash per stage: measured {peaks}, validator {report.peak_stash} "
-              f"(bound {report.stash_bound}): {'equal' if stash_ok else 'DIFFERENT'}")
+        print(
+            f"peak stash per stage: measured {peaks}, validator {report.peak_stash} "
+            f"(bound {report.stash_bound}): {'equal' if stash_ok else 'DIFFERENT'}"
+        )
         print(f"replicas of every stage hold {'bitwise identical' if identical else 'DIFFERENT'} weights")
         ok = result.passed and stash_ok and identical
     verdict = torch.tensor([0.0 if ok else 1.0], device=device)

@@ -1,4 +1,5 @@
 """Single-process interpreter of a Schedule: all stages (and replicas) in one process, messages in queues."""
+
 from __future__ import annotations
 
 import time
@@ -6,8 +7,20 @@ from collections import defaultdict, deque
 
 import torch
 
-from methods.pipeline.schedules.schedule import (ALL_REDUCE, BACKWARD, FORWARD, OPTIMIZER_STEP, RECV_ACT, RECV_GRAD, RECVS, SEND_ACT, SEND_GRAD, Action, message_key)
 from methods.pipeline.executors.stage import Stage, clip_coefficient, take
+from methods.pipeline.schedules.schedule import (
+    ALL_REDUCE,
+    BACKWARD,
+    FORWARD,
+    OPTIMIZER_STEP,
+    RECV_ACT,
+    RECV_GRAD,
+    RECVS,
+    SEND_ACT,
+    SEND_GRAD,
+    Action,
+    message_key,
+)
 
 COLLECTIVE = (ALL_REDUCE, OPTIMIZER_STEP)
 
@@ -56,7 +69,7 @@ class ReferenceExecutor:
 
         while any(at(inst) is not None for inst in ptr):
             progress = False
-            for (r, s) in ptr:
+            for r, s in ptr:
                 if progress:
                     break  # rescan from replica 0: a replica runs until it waits at the all-reduce
                 while (a := at((r, s))) is not None:
@@ -116,8 +129,19 @@ class ReferenceExecutor:
             st.update(a.version - 1)
 
     def _record(self, inst: tuple[int, int], a: Action, t0: float) -> None:
-        self.records.append(dict(rank=0, replica=inst[0], stage=inst[1], kind=a.kind.value, mb=a.mb,
-                                 version=a.version, peer=a.peer, start=t0, end=time.perf_counter()))
+        self.records.append(
+            dict(
+                rank=0,
+                replica=inst[0],
+                stage=inst[1],
+                kind=a.kind.value,
+                mb=a.mb,
+                version=a.version,
+                peer=a.peer,
+                start=t0,
+                end=time.perf_counter(),
+            )
+        )
 
     def peaks(self) -> list[int]:
         """Measured peak stash (micro-batches) per stage, the largest over replicas."""

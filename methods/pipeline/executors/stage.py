@@ -1,4 +1,5 @@
 """One pipeline stage: a contiguous run of LayeredModel layers, its activation stash, its optimizer."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -25,8 +26,16 @@ class Stage:
     gather in those leaves and move to the parameters at ALL_REDUCE (collect_grads).
     """
 
-    def __init__(self, model: LayeredModel, layers: range, index: int, device: torch.device,
-                 recompute: bool, run=None, versions: int = 1):
+    def __init__(
+        self,
+        model: LayeredModel,
+        layers: range,
+        index: int,
+        device: torch.device,
+        recompute: bool,
+        run=None,
+        versions: int = 1,
+    ):
         self.model, self.layers, self.index = model, layers, index
         self.first, self.last = layers.start == 0, layers.stop == model.num_layers
         self.device, self.recompute = device, recompute
@@ -44,9 +53,13 @@ class Stage:
         self.double_buffered = versions == 2
         # Every (module, name) slot holding one of self.params, tied slots included.
         index = {id(p): j for j, p in enumerate(self.params)}
-        self.slots = [(mod, name, index[id(p)]) for i in layers
-                      for mod in model.layers[i].modules(remove_duplicate=False)
-                      for name, p in mod._parameters.items() if p is not None and id(p) in index]
+        self.slots = [
+            (mod, name, index[id(p)])
+            for i in layers
+            for mod in model.layers[i].modules(remove_duplicate=False)
+            for name, p in mod._parameters.items()
+            if p is not None and id(p) in index
+        ]
         self.weights: dict[int, list[torch.Tensor]] = {0: self._leaves()} if self.double_buffered else {}
 
     def _leaves(self) -> list[torch.Tensor]:
@@ -157,11 +170,15 @@ class Stage:
         for another version (2BW) needs weight stashing, which only double-buffered stages keep."""
         if self.double_buffered:
             if action.version not in self.weights:
-                raise RuntimeError(f"stage {self.index}: {action.token} wants weight version {action.version} "
-                                   f"but the stage holds versions {sorted(self.weights)}")
+                raise RuntimeError(
+                    f"stage {self.index}: {action.token} wants weight version {action.version} "
+                    f"but the stage holds versions {sorted(self.weights)}"
+                )
         elif action.version != self.version:
-            raise RuntimeError(f"stage {self.index}: {action.token} wants weight version {action.version} "
-                               f"but the stage holds version {self.version} (flush executors keep one version)")
+            raise RuntimeError(
+                f"stage {self.index}: {action.token} wants weight version {action.version} "
+                f"but the stage holds version {self.version} (flush executors keep one version)"
+            )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().cpu().clone() for named in self.named for n, p in named}
@@ -178,8 +195,10 @@ def take(box: dict, kind, action) -> torch.Tensor:
     try:
         return box.pop((kind, action.mb))
     except KeyError:
-        raise RuntimeError(f"stage {action.stage}: {action.token} needs the {kind} of micro-batch {action.mb}, "
-                           "which no earlier action produced (malformed action list)") from None
+        raise RuntimeError(
+            f"stage {action.stage}: {action.token} needs the {kind} of micro-batch {action.mb}, "
+            "which no earlier action produced (malformed action list)"
+        ) from None
 
 
 def clip_coefficient(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:

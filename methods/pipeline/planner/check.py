@@ -1,4 +1,5 @@
-"""Planner predictions against measured pipeline runs: the `planned` cell kind (measure, calibrate, predict, compare)."""
+"""Planner predictions against measured pipeline runs: the `planned` cell kind (measure, calibrate, predict)."""
+
 from __future__ import annotations
 
 import os
@@ -9,11 +10,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite.core.cell import cell_kind, throughput_cell
-
-from methods.pipeline.planner.costmodel import Link, cached_profile, save_links
 from methods.pipeline.method import PipelineMethod
+from methods.pipeline.planner.costmodel import Link, cached_profile, save_links
 from methods.pipeline.planner.predict import predict
+from suite.core.cell import cell_kind, throughput_cell
 
 
 def _fit_link(samples: list[tuple[int, float]]) -> Link:
@@ -47,8 +47,9 @@ def calibrate_p2p(sizes=(256, 1 << 20), repeats: int = 20, device: torch.device 
     return _fit_link(samples)
 
 
-def calibrate_all_reduce(sizes=(256, 1 << 20), repeats: int = 10,
-                         device: torch.device = torch.device("cpu")) -> Link | None:
+def calibrate_all_reduce(
+    sizes=(256, 1 << 20), repeats: int = 10, device: torch.device = torch.device("cpu")
+) -> Link | None:
     """All-reduce over every rank: seconds at each size, fitted as latency + bytes/bandwidth on the ring
     volume 2(n-1)/n of the tensor, the same volume the planner charges. Collective."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
@@ -75,8 +76,8 @@ def calibrate_all_reduce(sizes=(256, 1 << 20), repeats: int = 10,
 def planned_cell(run, device, cap) -> dict:
     """Measure a pipeline method (throughput cell), calibrate the links it used, then predict the same
     configuration from the cached per-layer profile and report the relative errors (predicted / measured - 1)."""
-    from suite.core import registry
     from suite.config.paths import RESULTS_DIR
+    from suite.core import registry
 
     cls = registry.get(run.method)
     if not issubclass(cls, PipelineMethod):
@@ -94,11 +95,19 @@ def planned_cell(run, device, cap) -> dict:
     prof.p2p, prof.all_reduce = p2p or Link(), ring or Link()
     pred = predict(prof, run.method, d, w, run.micro_batch_size, run.num_micro_batches // w, o["recompute"])
     worst = max(measured.get("rank_memory") or [measured["device_peak_allocated"]])
-    return {**measured, "predicted_throughput": pred.throughput, "predicted_step_time": pred.step_time,
-            "predicted_memory_gb": pred.memory / 1e9, "predicted_stage_memory": pred.stage_memory,
-            "measured_memory_gb": worst / 1e9,
-            "throughput_error": pred.throughput / measured["throughput"] - 1,
-            "memory_error": pred.memory / worst - 1,
-            "predicted_bubble": pred.bubble, "profile_source": prof.source,
-            "p2p_link": vars(prof.p2p), "all_reduce_link": vars(prof.all_reduce),
-            "threads": threads, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    return {
+        **measured,
+        "predicted_throughput": pred.throughput,
+        "predicted_step_time": pred.step_time,
+        "predicted_memory_gb": pred.memory / 1e9,
+        "predicted_stage_memory": pred.stage_memory,
+        "measured_memory_gb": worst / 1e9,
+        "throughput_error": pred.throughput / measured["throughput"] - 1,
+        "memory_error": pred.memory / worst - 1,
+        "predicted_bubble": pred.bubble,
+        "profile_source": prof.source,
+        "p2p_link": vars(prof.p2p),
+        "all_reduce_link": vars(prof.all_reduce),
+        "threads": threads,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }

@@ -1,4 +1,5 @@
 """Per-layer time and memory profiles for the planner: measured on this machine (cached) or derived from FLOPs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,11 +23,11 @@ class LayerCost:
 
     name: str
     params: int
-    forward: tuple[float, float]      # (a, slope)
+    forward: tuple[float, float]  # (a, slope)
     backward: tuple[float, float]
-    keep_bytes: float                 # per sample: what a forward with autograd keeps until its backward
-    out_bytes: float                  # per sample: the layer's output (sent on; stashed under recompute)
-    work_bytes: float = 0.0           # per sample: transient peak of the backward over what was kept
+    keep_bytes: float  # per sample: what a forward with autograd keeps until its backward
+    out_bytes: float  # per sample: the layer's output (sent on; stashed under recompute)
+    work_bytes: float = 0.0  # per sample: transient peak of the backward over what was kept
 
     def fwd(self, b: int) -> float:
         return max(self.forward[0] + self.forward[1] * b, 0.0)
@@ -40,7 +41,7 @@ class Link:
     """A point-to-point or all-reduce link: seconds = latency + bytes / bandwidth."""
 
     latency: float = 0.0
-    bandwidth: float = float("inf")   # bytes per second
+    bandwidth: float = float("inf")  # bytes per second
 
     def seconds(self, nbytes: float) -> float:
         return 0.0 if nbytes <= 0 else self.latency + nbytes / self.bandwidth
@@ -50,20 +51,22 @@ class Link:
 class Profile:
     """Costs of every layer (embed, blocks, head) of one model at one sequence length on one device."""
 
-    source: str                       # "measured: <device, threads>" or "analytic: <device spec>"
+    source: str  # "measured: <device, threads>" or "analytic: <device spec>"
     seq_len: int
     layers: list[LayerCost]
-    weight_bytes_per_param: int = 4   # each weight version (FP32 here; 2 for FP16 copies beside FP32 masters)
+    weight_bytes_per_param: int = 4  # each weight version (FP32 here; 2 for FP16 copies beside FP32 masters)
     state_bytes_per_param: int = GRAD_AND_STATE_BYTES
     optimizer_s_per_param: float = 0.0
     optimizer_temp_bytes_per_param: float = 8.0  # transient of one layer's optimizer step (LAMB: two FP32 temporaries)
-    all_reduce_buffer_bytes_per_param: float = 4.0  # ours flattens a stage's FP32 gradients for the replicas' all-reduce
+    all_reduce_buffer_bytes_per_param: float = (
+        4.0  # ours flattens a stage's FP32 gradients for the replicas' all-reduce
+    )
     # gloo's isend reports completion only when waited on, so our executor holds each step's sent tensors until
     # the step ends (NCCL sends are waited at once): m boundary tensors per direction a stage sends.
     holds_sends: bool = True
     p2p: Link = field(default_factory=Link)
     all_reduce: Link = field(default_factory=Link)
-    memory: float | None = None       # bytes per device, when the source states one
+    memory: float | None = None  # bytes per device, when the source states one
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -71,8 +74,9 @@ class Profile:
     @staticmethod
     def from_dict(d: dict) -> "Profile":
         d = dict(d)
-        d["layers"] = [LayerCost(**{**c, "forward": tuple(c["forward"]), "backward": tuple(c["backward"])})
-                       for c in d["layers"]]
+        d["layers"] = [
+            LayerCost(**{**c, "forward": tuple(c["forward"]), "backward": tuple(c["backward"])}) for c in d["layers"]
+        ]
         d["p2p"], d["all_reduce"] = Link(**d["p2p"]), Link(**d["all_reduce"])
         return Profile(**d)
 
@@ -149,6 +153,7 @@ def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("c
             xs.append(x)
             x = model.forward_layer(i, x, ctx)
     for i in range(n):
+
         def inp():
             return xs[i] if i == 0 else xs[i].detach().requires_grad_(True)
 
@@ -178,13 +183,18 @@ def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("c
     return fwd, bwd, keep, out_b, work
 
 
-def measure_profile(run, micro_batch_sizes: tuple[int, ...] = (2, 4, 8), repeats: int = 5,
-                    threads: int | None = None, device: torch.device | None = None) -> Profile:
-    """Time and track every layer of `run`'s model on `device` (default CPU) at each micro-batch size; fit lines in b."""
+def measure_profile(
+    run,
+    micro_batch_sizes: tuple[int, ...] = (2, 4, 8),
+    repeats: int = 5,
+    threads: int | None = None,
+    device: torch.device | None = None,
+) -> Profile:
+    """Time and track every layer of `run`'s model on `device` (default CPU) at each micro-batch size; fit lines."""
     from suite.harness.data import synthetic_batch
-    from suite.measure.provenance import device_info
     from suite.harness.model import build_model
     from suite.harness.optim import LayerwiseOptimizer
+    from suite.measure.provenance import device_info
 
     device = torch.device("cpu") if device is None else device
     if threads:
@@ -202,8 +212,17 @@ def measure_profile(run, micro_batch_sizes: tuple[int, ...] = (2, 4, 8), repeats
         pts = lambda k: [(b, per_b[b][k][i]) for b in micro_batch_sizes]  # noqa: E731
         per_sample = lambda k: _fit(pts(k))[1]  # noqa: E731  bytes grow with b; the intercept is noise
         name = "embed" if i == 0 else "head" if i == model.num_layers - 1 else f"block{i}"
-        layers.append(LayerCost(name, params, _fit(pts(0)), _fit(pts(1)), max(per_sample(2), 0.0),
-                                max(per_sample(3), 0.0), max(per_sample(4), 0.0)))
+        layers.append(
+            LayerCost(
+                name,
+                params,
+                _fit(pts(0)),
+                _fit(pts(1)),
+                max(per_sample(2), 0.0),
+                max(per_sample(3), 0.0),
+                max(per_sample(4), 0.0),
+            )
+        )
     # Optimizer: one LAMB/AdamW step over the whole model, per parameter.
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -218,20 +237,40 @@ def measure_profile(run, micro_batch_sizes: tuple[int, ...] = (2, 4, 8), repeats
     where = device_info(device).get("device", device.type) if device.type == "cuda" else "cpu"
     source = f"measured: {where}, {torch.get_num_threads()} thread(s)"
     # NCCL sends are waited at once; gloo's are held to the step's end (see Profile.holds_sends).
-    return Profile(source, run.seq_len, layers, optimizer_s_per_param=opt_s, optimizer_temp_bytes_per_param=temp,
-                   holds_sends=device.type != "cuda")
+    return Profile(
+        source,
+        run.seq_len,
+        layers,
+        optimizer_s_per_param=opt_s,
+        optimizer_temp_bytes_per_param=temp,
+        holds_sends=device.type != "cuda",
+    )
 
 
 def profile_key(run, micro_batch_sizes, threads, device: torch.device | None = None) -> str:
     """Cache key: the model, sequence, optimizer and the measuring setup (not the batch shape)."""
-    what = {"model": dataclasses.asdict(run.model.resolved()), "seq_len": run.seq_len, "optimizer": run.optimizer,
-            "sizes": list(micro_batch_sizes), "threads": threads, "torch": torch.__version__,
-            "host": os.uname().nodename, "version": 3, "device": None if device is None else str(device.type)}
+    what = {
+        "model": dataclasses.asdict(run.model.resolved()),
+        "seq_len": run.seq_len,
+        "optimizer": run.optimizer,
+        "sizes": list(micro_batch_sizes),
+        "threads": threads,
+        "torch": torch.__version__,
+        "host": os.uname().nodename,
+        "version": 3,
+        "device": None if device is None else str(device.type),
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_profile(run, cache_dir: Path, micro_batch_sizes=(2, 4, 8), threads: int | None = None,
-                   refresh: bool = False, device: torch.device | None = None) -> Profile:
+def cached_profile(
+    run,
+    cache_dir: Path,
+    micro_batch_sizes=(2, 4, 8),
+    threads: int | None = None,
+    refresh: bool = False,
+    device: torch.device | None = None,
+) -> Profile:
     """measure_profile, cached per model, machine and device as JSON under `cache_dir` (seconds to minutes)."""
     key = profile_key(run, micro_batch_sizes, threads, device if device is not None and device.type == "cuda" else None)
     path = Path(cache_dir) / f"{key}.json"
@@ -252,10 +291,10 @@ class DeviceSpec:
     """An accelerator and its links as the paper describes its cluster (assumptions, stated in every table)."""
 
     name: str
-    flops: float          # achieved FLOP/s of a training step (the paper's own measured figure where it gives one)
-    memory: float         # bytes per device
-    intra: Link           # between devices of one server
-    inter: Link           # between servers
+    flops: float  # achieved FLOP/s of a training step (the paper's own measured figure where it gives one)
+    memory: float  # bytes per device
+    intra: Link  # between devices of one server
+    inter: Link  # between servers
     per_server: int = 8
     optimizer_s_per_param: float = 0.0
 
@@ -263,8 +302,14 @@ class DeviceSpec:
 # The 2BW paper's cluster: p3.16xlarge servers, 8x V100-16GB with NVLink; about 45 TFLOP/s achieved on
 # one worker (§5, "Implementation"). NVLink ~ 150 GB/s per direction per GPU and 25 Gbit/s between servers
 # are AWS's published figures, not the paper's: projections carry that assumption in their notes.
-V100_P3 = DeviceSpec("V100-16GB (p3.16xlarge)", flops=45e12, memory=16e9,
-                     intra=Link(10e-6, 150e9), inter=Link(50e-6, 25e9 / 8), optimizer_s_per_param=1e-11)
+V100_P3 = DeviceSpec(
+    "V100-16GB (p3.16xlarge)",
+    flops=45e12,
+    memory=16e9,
+    intra=Link(10e-6, 150e9),
+    inter=Link(50e-6, 25e9 / 8),
+    optimizer_s_per_param=1e-11,
+)
 DEVICE_SPECS = {"v100": V100_P3}
 
 
@@ -280,8 +325,9 @@ def _flops_line(flops_per_sample: float, seq_len: int, spec: DeviceSpec) -> tupl
     return slope * HALF_TOKENS / seq_len, slope
 
 
-def analytic_profile(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, spec: DeviceSpec,
-                     mixed_precision: bool = True) -> Profile:
+def analytic_profile(
+    layers: int, hidden: int, heads: int, seq_len: int, vocab: int, spec: DeviceSpec, mixed_precision: bool = True
+) -> Profile:
     """A GPT-style transformer's per-layer cost from FLOPs at `spec.flops` and the usual activation count.
 
     Block forward FLOPs per sample: 24 s h^2 + 4 s^2 h; backward twice that. Activation bytes kept per
@@ -293,20 +339,42 @@ def analytic_profile(layers: int, hidden: int, heads: int, seq_len: int, vocab: 
     block_flops = 24 * s * h * h + 4 * s * s * h
     keep = s * h * (34 + 5 * heads * s / h) * (byte / 2)
     out = byte * s * h
-    blk = LayerCost("block", 12 * h * h + 13 * h, _flops_line(block_flops, s, spec),
-                    _flops_line(2 * block_flops, s, spec), keep, out, out)
+    blk = LayerCost(
+        "block",
+        12 * h * h + 13 * h,
+        _flops_line(block_flops, s, spec),
+        _flops_line(2 * block_flops, s, spec),
+        keep,
+        out,
+        out,
+    )
     head_flops = 2 * s * h * vocab
     embed = LayerCost("embed", (vocab + s) * h, (0.0, 0.0), (0.0, 0.0), out, out, 0.0)
-    head = LayerCost("head", vocab * h + 2 * h, _flops_line(head_flops, s, spec), _flops_line(2 * head_flops, s, spec),
-                     byte * s * vocab * 2, 0.0, byte * s * vocab)
+    head = LayerCost(
+        "head",
+        vocab * h + 2 * h,
+        _flops_line(head_flops, s, spec),
+        _flops_line(2 * head_flops, s, spec),
+        byte * s * vocab * 2,
+        0.0,
+        byte * s * vocab,
+    )
     # Mixed precision: FP16 weight copies (2 B each version) beside FP32 masters, gradients and Adam moments (16 B).
-    return Profile(f"analytic: {spec.name}", seq_len, [embed, *[dataclasses.replace(blk, name=f"block{i + 1}")
-                                                           for i in range(layers)], head],
-                   weight_bytes_per_param=byte, state_bytes_per_param=16 if mixed_precision else GRAD_AND_STATE_BYTES,
-                   optimizer_s_per_param=spec.optimizer_s_per_param, p2p=spec.intra, all_reduce=spec.intra,
-                   memory=spec.memory,
-                   # The paper's Megatron-based code: fused Adam and bucketed all-reduce, no whole-stage transients.
-                   optimizer_temp_bytes_per_param=0.0, all_reduce_buffer_bytes_per_param=0.0, holds_sends=False)
+    return Profile(
+        f"analytic: {spec.name}",
+        seq_len,
+        [embed, *[dataclasses.replace(blk, name=f"block{i + 1}") for i in range(layers)], head],
+        weight_bytes_per_param=byte,
+        state_bytes_per_param=16 if mixed_precision else GRAD_AND_STATE_BYTES,
+        optimizer_s_per_param=spec.optimizer_s_per_param,
+        p2p=spec.intra,
+        all_reduce=spec.intra,
+        memory=spec.memory,
+        # The paper's Megatron-based code: fused Adam and bucketed all-reduce, no whole-stage transients.
+        optimizer_temp_bytes_per_param=0.0,
+        all_reduce_buffer_bytes_per_param=0.0,
+        holds_sends=False,
+    )
 
 
 # Links calibrated by the last `planned` cell on this machine; without them the planner assumes these.
@@ -329,5 +397,7 @@ def load_links(cache_dir: Path) -> tuple[Link, Link]:
     """(p2p, all-reduce) calibrated here before, else the assumed CPU link for both."""
     path = links_path(cache_dir)
     saved = json.loads(path.read_text()) if path.exists() else {}
-    return (Link(**saved["p2p"]) if "p2p" in saved else ASSUMED_CPU_LINK,
-            Link(**saved["all_reduce"]) if "all_reduce" in saved else ASSUMED_CPU_LINK)
+    return (
+        Link(**saved["p2p"]) if "p2p" in saved else ASSUMED_CPU_LINK,
+        Link(**saved["all_reduce"]) if "all_reduce" in saved else ASSUMED_CPU_LINK,
+    )

@@ -1,4 +1,5 @@
-"""The PipeDream-2BW planner (paper §4): predict time and memory of (w, d, b, recompute) configurations and rank them."""
+"""The PipeDream-2BW planner (paper §4): predict time and memory of (w, d, b, recompute) configurations, rank them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,9 +49,21 @@ class Prediction:
         return self.memory_cap is None or self.memory <= self.memory_cap
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "w": self.w, "d": self.d, "b": self.b, "m": self.m, "recompute": self.recompute,
-                "global_batch": self.global_batch, "step_time": self.step_time, "throughput": self.throughput,
-                "memory": self.memory, "stage_memory": self.stage_memory, "bubble": self.bubble, "fits": self.fits}
+        return {
+            "method": self.method,
+            "w": self.w,
+            "d": self.d,
+            "b": self.b,
+            "m": self.m,
+            "recompute": self.recompute,
+            "global_batch": self.global_batch,
+            "step_time": self.step_time,
+            "throughput": self.throughput,
+            "memory": self.memory,
+            "stage_memory": self.stage_memory,
+            "bubble": self.bubble,
+            "fits": self.fits,
+        }
 
 
 def stages_of(profile: Profile, d: int) -> list[range]:
@@ -70,13 +83,21 @@ def stage_costs(profile: Profile, stages: list[range], b: int, w: int, recompute
         params = sum(c.params for c in layers)
         grads = 4 * params
         ring = profile.all_reduce.seconds(2 * (w - 1) / w * grads) if w > 1 else 0.0
-        out.append(Costs(forward=fwd, backward=bwd, send=profile.p2p.seconds(boundary),
-                         optimizer=profile.optimizer_s_per_param * params, all_reduce=ring))
+        out.append(
+            Costs(
+                forward=fwd,
+                backward=bwd,
+                send=profile.p2p.seconds(boundary),
+                optimizer=profile.optimizer_s_per_param * params,
+                all_reduce=ring,
+            )
+        )
     return out
 
 
-def stage_memory(profile: Profile, stages: list[range], method: str, b: int, m: int, recompute: bool,
-                 w: int = 1) -> list[float]:
+def stage_memory(
+    profile: Profile, stages: list[range], method: str, b: int, m: int, recompute: bool, w: int = 1
+) -> list[float]:
     """Worst-case bytes per stage: weight versions + gradient + optimizer state, plus the larger of two phases.
 
     Compute: the activation stash of the in-flight micro-batches (their inputs only under recompute, plus one
@@ -101,8 +122,11 @@ def stage_memory(profile: Profile, stages: list[range], method: str, b: int, m: 
             boundary_out = layers[-1].out_bytes * b if s < d - 1 else 0.0
             work += m * (boundary_out + inp)
         held = (inflight - 1) * per_mb if sched == "2bw" else 0.0
-        update = held + (profile.all_reduce_buffer_bytes_per_param * params if w > 1 else 0.0) + \
-            profile.optimizer_temp_bytes_per_param * max(c.params for c in layers)
+        update = (
+            held
+            + (profile.all_reduce_buffer_bytes_per_param * params if w > 1 else 0.0)
+            + profile.optimizer_temp_bytes_per_param * max(c.params for c in layers)
+        )
         out.append(static + max(stash + work, update))
     return out
 
@@ -127,8 +151,9 @@ def step_time(method: str, costs: list[Costs], m: int) -> tuple[float, float]:
     return t, (1.0 - busy / t if t else 0.0)
 
 
-def predict(profile: Profile, method: str, d: int, w: int, b: int, m: int, recompute: bool,
-            memory_cap: float | None = None) -> Prediction:
+def predict(
+    profile: Profile, method: str, d: int, w: int, b: int, m: int, recompute: bool, memory_cap: float | None = None
+) -> Prediction:
     """Time and memory of `method` with d stages, w replicas, m micro-batches of b per replica per step."""
     if method not in SCHEDULES:
         raise ValueError(f"unknown method {method!r}; the planner knows {sorted(SCHEDULES)}")
@@ -156,23 +181,36 @@ def configurations(workers: int, layers: int, max_batch: int, micro_batch_sizes,
             yield w, d, b, m
 
 
-def plan(profile: Profile, workers: int, max_batch: int, memory_cap: float | None = None,
-         methods=("pipedream-2bw",), micro_batch_sizes=(1, 2, 4, 8, 16, 32, 64), recompute=(False, True)):
+def plan(
+    profile: Profile,
+    workers: int,
+    max_batch: int,
+    memory_cap: float | None = None,
+    methods=("pipedream-2bw",),
+    micro_batch_sizes=(1, 2, 4, 8, 16, 32, 64),
+    recompute=(False, True),
+):
     """Every configuration, predicted; ranked fitting-first, then by throughput (highest first)."""
-    preds = [predict(profile, meth, d, w, b, m, rc, memory_cap)
-             for meth in methods
-             for w, d, b, m in configurations(workers, len(profile.layers), max_batch, micro_batch_sizes, meth)
-             for rc in recompute]
+    preds = [
+        predict(profile, meth, d, w, b, m, rc, memory_cap)
+        for meth in methods
+        for w, d, b, m in configurations(workers, len(profile.layers), max_batch, micro_batch_sizes, meth)
+        for rc in recompute
+    ]
     return sorted(preds, key=lambda p: (not p.fits, -p.throughput))
 
 
 def render(preds: list[Prediction], top: int | None = None, unit: float = 1e9) -> str:
     """Markdown table of ranked predictions; configurations that do not fit are marked."""
-    lines = ["| rank | method | w | d | b | m | recompute | global batch | predicted samples/s | "
-             "predicted memory (GB, worst stage) | bubble | fits |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| rank | method | w | d | b | m | recompute | global batch | predicted samples/s | "
+        "predicted memory (GB, worst stage) | bubble | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for i, p in enumerate(preds[:top] if top else preds, 1):
-        lines.append(f"| {i} | {p.method} | {p.w} | {p.d} | {p.b} | {p.m} | {'on' if p.recompute else 'off'} | "
-                     f"{p.global_batch} | {p.throughput:.4g} | {p.memory / unit:.4g} | {p.bubble:.1%} | "
-                     f"{'yes' if p.fits else '**no: exceeds cap**'} |")
+        lines.append(
+            f"| {i} | {p.method} | {p.w} | {p.d} | {p.b} | {p.m} | {'on' if p.recompute else 'off'} | "
+            f"{p.global_batch} | {p.throughput:.4g} | {p.memory / unit:.4g} | {p.bubble:.1%} | "
+            f"{'yes' if p.fits else '**no: exceeds cap**'} |"
+        )
     return "\n".join(lines)

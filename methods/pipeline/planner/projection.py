@@ -1,4 +1,5 @@
 """Planner projections at the 2BW paper's scale: the `projected` cell kind (no training, the cost model only)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,11 +7,10 @@ from pathlib import Path
 
 import torch
 
-from suite.core.cell import cell_kind
-from suite.config.sizes import parse_size
-
 from methods.pipeline.planner.costmodel import DEVICE_SPECS, DeviceSpec, Profile, analytic_profile, cached_profile
 from methods.pipeline.planner.predict import SCHEDULES, predict, stage_memory, stages_of
+from suite.config.sizes import parse_size
+from suite.core.cell import cell_kind
 
 # Micro-batch sizes the planner may choose from when a row asks for the fastest fitting one.
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -27,8 +27,11 @@ class ProjectedOOM(torch.OutOfMemoryError):
 def placed_links(profile: Profile, spec: DeviceSpec, d: int, w: int) -> Profile:
     """Links by placement: pipelines are packed server by server, so a stage's p2p crosses servers once
     d > per_server, and its replicas' all-reduce crosses servers once d * w > per_server."""
-    return dataclasses.replace(profile, p2p=spec.intra if d <= spec.per_server else spec.inter,
-                               all_reduce=spec.intra if d * w <= spec.per_server else spec.inter)
+    return dataclasses.replace(
+        profile,
+        p2p=spec.intra if d <= spec.per_server else spec.inter,
+        all_reduce=spec.intra if d * w <= spec.per_server else spec.inter,
+    )
 
 
 def paper_profile(run, spec: DeviceSpec, d: int, w: int, layers: int | None = None) -> Profile:
@@ -42,8 +45,9 @@ def extended_profile(prof: Profile, blocks: int) -> Profile:
     """A measured profile of embed + blocks + head with its middle block repeated to `blocks` blocks."""
     embed, *middle, head = prof.layers
     block = middle[len(middle) // 2]
-    return dataclasses.replace(prof, layers=[embed, *[dataclasses.replace(block, name=f"block{i + 1}")
-                                                      for i in range(blocks)], head])
+    return dataclasses.replace(
+        prof, layers=[embed, *[dataclasses.replace(block, name=f"block{i + 1}") for i in range(blocks)], head]
+    )
 
 
 def params_of(prof: Profile) -> int:
@@ -66,10 +70,12 @@ def fastest_fitting(prof: Profile, method: str, d: int, w: int, batch: int, reco
     return best
 
 
-def max_layers(make_profile, method: str, d: int, w: int, b: int, m: int, recompute: bool, cap: float,
-               limit: int = 4096) -> int:
+def max_layers(
+    make_profile, method: str, d: int, w: int, b: int, m: int, recompute: bool, cap: float, limit: int = 4096
+) -> int:
     """The most blocks (>= d - 2 so every stage has a layer) whose worst stage fits under `cap`; 0 if none.
     Memory grows with the block count, so a doubling then a bisection finds it."""
+
     def fits(n):  # memory only: the time simulation is what costs at d=64
         prof = make_profile(n)
         return max(stage_memory(prof, stages_of(prof, d), method, b, m, recompute, w)) <= cap
@@ -88,10 +94,22 @@ def max_layers(make_profile, method: str, d: int, w: int, b: int, m: int, recomp
 
 
 def _metrics(p, prof: Profile) -> dict:
-    return {"throughput": p.throughput, "step_time": p.step_time, "memory_worst_rank_gb": p.memory / 1e9,
-            "memory_gb": p.memory / 1e9, "stage_memory": p.stage_memory, "bubble": p.bubble, "b": p.b, "m": p.m,
-            "global_batch": p.global_batch, "fits": p.fits, "params_billion": params_of(prof) / 1e9,
-            "profile_source": prof.source, "p2p_link": vars(prof.p2p), "all_reduce_link": vars(prof.all_reduce)}
+    return {
+        "throughput": p.throughput,
+        "step_time": p.step_time,
+        "memory_worst_rank_gb": p.memory / 1e9,
+        "memory_gb": p.memory / 1e9,
+        "stage_memory": p.stage_memory,
+        "bubble": p.bubble,
+        "b": p.b,
+        "m": p.m,
+        "global_batch": p.global_batch,
+        "fits": p.fits,
+        "params_billion": params_of(prof) / 1e9,
+        "profile_source": prof.source,
+        "p2p_link": vars(prof.p2p),
+        "all_reduce_link": vars(prof.all_reduce),
+    }
 
 
 def project(run, cap: int | None = None) -> dict:
@@ -105,8 +123,8 @@ def project(run, cap: int | None = None) -> dict:
     - search: "max_layers" reports the most blocks whose worst stage fits instead.
     d and w are the run's stages and width, recompute its option; the cap is the spec's memory or --device-memory.
     """
-    from suite.core import registry
     from suite.config.paths import RESULTS_DIR
+    from suite.core import registry
 
     spec_p = run.options.get("projection") or {}
     method = spec_p.get("method", run.method)
@@ -134,21 +152,28 @@ def project(run, cap: int | None = None) -> dict:
         if n == 0:
             raise ProjectedOOM(f"no model fits {cap} bytes at d={d}", {"max_layers": 0})
         prof = make(n)
-        return {**_metrics(predict(prof, method, d, w, b, m, rc, cap), prof), "max_layers": n,
-                "max_params_billion": params_of(prof) / 1e9, "cap_gb": cap / 1e9}
+        return {
+            **_metrics(predict(prof, method, d, w, b, m, rc, cap), prof),
+            "max_layers": n,
+            "max_params_billion": params_of(prof) / 1e9,
+            "cap_gb": cap / 1e9,
+        }
     prof = make(run.model.layers)
     if spec_p.get("micro_batch", "fixed") == "fastest":
         p = fastest_fitting(prof, method, d, w, run.batch_size, rc, cap)
         if p is None:
-            raise ProjectedOOM(f"no micro-batch size of {method} at d={d}, w={w}, batch {run.batch_size} fits "
-                               f"{cap / 1e9:.3g} GB", {"params_billion": params_of(prof) / 1e9})
+            raise ProjectedOOM(
+                f"no micro-batch size of {method} at d={d}, w={w}, batch {run.batch_size} fits {cap / 1e9:.3g} GB",
+                {"params_billion": params_of(prof) / 1e9},
+            )
     else:
         p = predict(prof, method, d, w, run.micro_batch_size, run.num_micro_batches // w, rc, cap)
     metrics = {**_metrics(p, prof), "cap_gb": (cap or 0) / 1e9}
     if not p.fits:  # like a device that runs out: the status says oom, the predicted memory is kept
         metrics.pop("throughput")
-        raise ProjectedOOM(f"projected {p.memory / 1e9:.3g} GB on the worst stage exceeds the "
-                           f"{cap / 1e9:.3g} GB cap", metrics)
+        raise ProjectedOOM(
+            f"projected {p.memory / 1e9:.3g} GB on the worst stage exceeds the {cap / 1e9:.3g} GB cap", metrics
+        )
     return metrics
 
 

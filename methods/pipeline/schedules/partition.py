@@ -1,4 +1,5 @@
 """Split an ordered list of layer costs into d contiguous stages minimising the slowest stage."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -13,8 +14,7 @@ def partition(costs: Sequence[float], d: int) -> list[range]:
     stage, from the last backwards, starts as early as an optimal split allows."""
     n = len(costs)
     if not isinstance(d, int) or d < 1 or d > n:
-        raise ValueError(f"cannot split {n} layers into d={d!r} non-empty contiguous stages "
-                         f"(need 1 <= d <= {n})")
+        raise ValueError(f"cannot split {n} layers into d={d!r} non-empty contiguous stages (need 1 <= d <= {n})")
     if any(c < 0 for c in costs):
         raise ValueError("layer costs must be non-negative")
     inf = float("inf")

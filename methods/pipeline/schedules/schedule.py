@@ -1,4 +1,5 @@
 """Schedule IR: per-stage action lists and pure generators for GPipe, 1F1B/Flush and 2BW."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -32,8 +33,16 @@ RECVS = frozenset({RECV_ACT, RECV_GRAD})
 COMM = SENDS | RECVS
 PER_STEP = frozenset({OPTIMIZER_STEP, ALL_REDUCE})  # the only kinds without a micro-batch
 
-TOKEN = {FORWARD: "F", BACKWARD: "B", SEND_ACT: ">a", RECV_ACT: "<a", SEND_GRAD: ">g",
-         RECV_GRAD: "<g", OPTIMIZER_STEP: "U", ALL_REDUCE: "R"}
+TOKEN = {
+    FORWARD: "F",
+    BACKWARD: "B",
+    SEND_ACT: ">a",
+    RECV_ACT: "<a",
+    SEND_GRAD: ">g",
+    RECV_GRAD: "<g",
+    OPTIMIZER_STEP: "U",
+    ALL_REDUCE: "R",
+}
 # Where the peer of a communication must sit: activations flow down the pipe, gradients up.
 PEER_OFFSET = {SEND_ACT: +1, RECV_ACT: -1, SEND_GRAD: -1, RECV_GRAD: +1}
 
@@ -91,7 +100,8 @@ class Schedule:
         """One line per stage, e.g. `s0: F0 >a0 F1 >a1 <g0 B0 ...`; comm=False hides sends/recvs."""
         return "\n".join(
             f"s{s}: " + " ".join(a.token for a in acts if comm or a.kind not in COMM)
-            for s, acts in enumerate(self.actions))
+            for s, acts in enumerate(self.actions)
+        )
 
     def __str__(self) -> str:
         return self.to_text()
@@ -245,8 +255,10 @@ def two_bw_window(d: int, m: int, step: int, start: int = 0) -> list[list[Action
         raise ValueError(f"step {step} precedes the stream start {start}")
     base = min(u, 1)
     sch = two_bw(d, m, base + 2)
-    return [[_shift_groups(a, step - base, m) for a in acts[_window_cut(acts, base, m):_window_cut(acts, base + 1, m)]]
-            for acts in sch.actions]
+    return [
+        [_shift_groups(a, step - base, m) for a in acts[_window_cut(acts, base, m) : _window_cut(acts, base + 1, m)]]
+        for acts in sch.actions
+    ]
 
 
 def two_bw_drain(d: int, m: int, steps: int, start: int = 0) -> list[list[Action]]:
@@ -256,5 +268,4 @@ def two_bw_drain(d: int, m: int, steps: int, start: int = 0) -> list[list[Action
         raise ValueError(f"nothing to drain: the stream starting at {start} ran no step before {steps}")
     # Cut where window 0 of a longer stream ends: a one-step schedule already drains before that.
     cuts = [_window_cut(acts, 1, m) for acts in two_bw(d, m, 2).actions]
-    return [[_shift_groups(a, steps - 1, m) for a in acts[cut:]]
-            for acts, cut in zip(two_bw(d, m, 1).actions, cuts)]
+    return [[_shift_groups(a, steps - 1, m) for a in acts[cut:]] for acts, cut in zip(two_bw(d, m, 1).actions, cuts)]

@@ -1,4 +1,5 @@
 """Replay a schedule with unit or measured costs into a timeline; export as Chrome trace or PNG."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,20 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Sequence
 
-from methods.pipeline.schedules.schedule import (ALL_REDUCE, BACKWARD, COMPUTE, FORWARD, OPTIMIZER_STEP, RECVS, SENDS, Action, Kind, Schedule, TOKEN, message_key)
+from methods.pipeline.schedules.schedule import (
+    ALL_REDUCE,
+    BACKWARD,
+    COMPUTE,
+    FORWARD,
+    OPTIMIZER_STEP,
+    RECVS,
+    SENDS,
+    TOKEN,
+    Action,
+    Kind,
+    Schedule,
+    message_key,
+)
 from methods.pipeline.schedules.validate import execution_order
 
 
@@ -22,8 +36,12 @@ class Costs:
     all_reduce: float = 0.0
 
     def of(self, kind: Kind) -> float:
-        return {FORWARD: self.forward, BACKWARD: self.backward, OPTIMIZER_STEP: self.optimizer,
-                ALL_REDUCE: self.all_reduce}.get(kind, self.send if kind in SENDS else 0.0)
+        return {
+            FORWARD: self.forward,
+            BACKWARD: self.backward,
+            OPTIMIZER_STEP: self.optimizer,
+            ALL_REDUCE: self.all_reduce,
+        }.get(kind, self.send if kind in SENDS else 0.0)
 
 
 class Event(NamedTuple):
@@ -52,8 +70,7 @@ class Timeline:
     @property
     def busy(self) -> list[float]:
         """Per stage: time spent in forward/backward (the only work counted as useful)."""
-        return [sum(e.end - e.start for e in evs if e.action.kind in COMPUTE)
-                for evs in self.events]
+        return [sum(e.end - e.start for e in evs if e.action.kind in COMPUTE) for evs in self.events]
 
     @property
     def bubble(self) -> float:
@@ -84,8 +101,7 @@ class Timeline:
         return self.n_microbatches * self.microbatch_size / self.makespan if self.makespan else 0.0
 
     @classmethod
-    def from_records(cls, records: Iterable[dict], microbatch_size: int = 1,
-                     name: str = "measured") -> "Timeline":
+    def from_records(cls, records: Iterable[dict], microbatch_size: int = 1, name: str = "measured") -> "Timeline":
         """Build from executor records {stage, kind, mb, version, start, end} (optional peer).
 
         Times must share one clock across stages; they are shifted so the earliest start is 0.
@@ -97,16 +113,14 @@ class Timeline:
         events: list[list[Event]] = [[] for _ in range(d)]
         for r in recs:
             kind = by_token.get(r["kind"]) or Kind(r["kind"])
-            a = Action(kind, int(r["stage"]), r.get("mb"), int(r.get("version") or 0),
-                       r.get("peer"))
+            a = Action(kind, int(r["stage"]), r.get("mb"), int(r.get("version") or 0), r.get("peer"))
             events[a.stage].append(Event(a, r["start"] - t0, r["end"] - t0))
         for evs in events:
             evs.sort(key=lambda e: (e.start, e.end))
         return cls(name, events, microbatch_size)
 
 
-def simulate(schedule: Schedule, cost: Costs | Sequence[Costs] | None = None,
-             microbatch_size: int = 1) -> Timeline:
+def simulate(schedule: Schedule, cost: Costs | Sequence[Costs] | None = None, microbatch_size: int = 1) -> Timeline:
     """Replay `schedule`: each stage runs its actions back to back; a receive ends no earlier
     than its matching send. `cost` is one Costs for all stages or one per stage (default: unit
     F=B=1, communication and optimizer free). Raises ScheduleError if the schedule deadlocks."""
@@ -135,13 +149,24 @@ def simulate(schedule: Schedule, cost: Costs | Sequence[Costs] | None = None,
 def to_chrome_trace(timeline: Timeline, path, scale: float = 1e6) -> int:
     """Write Chrome trace JSON (chrome://tracing, Perfetto): pid 0, one tid per stage, one "X"
     event per action. Times are multiplied by `scale` (seconds -> us). Returns the event count."""
-    out = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stage {s}"}}
-           for s in range(timeline.d)]
+    out = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stage {s}"}}
+        for s in range(timeline.d)
+    ]
     for s, evs in enumerate(timeline.events):
         for e in evs:
-            out.append({"name": e.action.token, "cat": e.action.kind.value, "ph": "X", "pid": 0,
-                        "tid": s, "ts": e.start * scale, "dur": (e.end - e.start) * scale,
-                        "args": {"mb": e.action.mb, "version": e.action.version}})
+            out.append(
+                {
+                    "name": e.action.token,
+                    "cat": e.action.kind.value,
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": s,
+                    "ts": e.start * scale,
+                    "dur": (e.end - e.start) * scale,
+                    "args": {"mb": e.action.mb, "version": e.action.version},
+                }
+            )
     with open(path, "w") as f:
         meta = {"schedule": timeline.name, "makespan": timeline.makespan, "bubble": timeline.bubble}
         json.dump({"traceEvents": out, "displayTimeUnit": "ms", "otherData": meta}, f)
@@ -153,6 +178,7 @@ def draw(timeline: Timeline, path, title: str | None = None) -> None:
     blue, backwards green, labelled with micro-batch ids; odd weight versions drawn lighter
     and hatched; optimizer steps as black marks labelled with the version they create."""
     import matplotlib
+
     matplotlib.use("Agg")  # headless; never opens a window
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -168,15 +194,22 @@ def draw(timeline: Timeline, path, title: str | None = None) -> None:
             a, x, w = e.action, e.start - t0, e.end - e.start
             if a.kind in COMPUTE:
                 odd = a.version % 2 == 1
-                ax.broken_barh([(x, w)], (y + 0.1, 0.8), facecolors=colours[a.kind],
-                               alpha=0.55 if odd else 1.0, hatch="//" if odd else None,
-                               edgecolor="black", linewidth=0.5)
+                ax.broken_barh(
+                    [(x, w)],
+                    (y + 0.1, 0.8),
+                    facecolors=colours[a.kind],
+                    alpha=0.55 if odd else 1.0,
+                    hatch="//" if odd else None,
+                    edgecolor="black",
+                    linewidth=0.5,
+                )
                 if w >= span / 120:
                     ax.text(x + w / 2, y + 0.5, str(a.mb), ha="center", va="center", fontsize=7)
             elif a.kind is OPTIMIZER_STEP:
                 if w > 0:
-                    ax.broken_barh([(x, w)], (y + 0.1, 0.8), facecolors="white", hatch="xx",
-                                   edgecolor="black", linewidth=0.5)
+                    ax.broken_barh(
+                        [(x, w)], (y + 0.1, 0.8), facecolors="white", hatch="xx", edgecolor="black", linewidth=0.5
+                    )
                 ax.plot([x + w, x + w], [y + 0.05, y + 0.95], color="black", linewidth=1.5)
                 ax.text(x + w, y + 0.98, f"v{a.version}", fontsize=6, ha="center", va="bottom")
     ax.set_yticks([timeline.d - 1 - s + 0.5 for s in range(timeline.d)])
@@ -185,11 +218,18 @@ def draw(timeline: Timeline, path, title: str | None = None) -> None:
     ax.set_ylim(0, timeline.d + 0.2)
     ax.set_xlabel("time")
     ax.set_title(title or f"{timeline.name}: makespan {span:g}, bubble {timeline.bubble:.1%}")
-    ax.legend(handles=[Patch(color=colours[FORWARD], label="forward"),
-                       Patch(color=colours[BACKWARD], label="backward"),
-                       Patch(facecolor="white", edgecolor="black", hatch="//",
-                             label="odd weight version")],
-              loc="upper right", bbox_to_anchor=(1.0, -0.18), ncol=3, fontsize=7, frameon=False)
+    ax.legend(
+        handles=[
+            Patch(color=colours[FORWARD], label="forward"),
+            Patch(color=colours[BACKWARD], label="backward"),
+            Patch(facecolor="white", edgecolor="black", hatch="//", label="odd weight version"),
+        ],
+        loc="upper right",
+        bbox_to_anchor=(1.0, -0.18),
+        ncol=3,
+        fontsize=7,
+        frameon=False,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

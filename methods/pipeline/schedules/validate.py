@@ -1,10 +1,29 @@
 """Static proof that a schedule is well formed, deadlock free and within stash/version bounds."""
+
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
-from methods.pipeline.schedules.schedule import (BACKWARD, COMM, COMPUTE, FORWARD, OPTIMIZER_STEP, PEER_OFFSET, PER_STEP, RECV_ACT, RECV_GRAD, RECVS, SEND_ACT, SEND_GRAD, SENDS, Action, Schedule, message_key, weight_version)
+from methods.pipeline.schedules.schedule import (
+    BACKWARD,
+    COMM,
+    COMPUTE,
+    FORWARD,
+    OPTIMIZER_STEP,
+    PEER_OFFSET,
+    PER_STEP,
+    RECV_ACT,
+    RECV_GRAD,
+    RECVS,
+    SEND_ACT,
+    SEND_GRAD,
+    SENDS,
+    Action,
+    Schedule,
+    message_key,
+    weight_version,
+)
 
 
 class ScheduleError(ValueError):
@@ -14,12 +33,12 @@ class ScheduleError(ValueError):
 @dataclass
 class ValidationReport:
     name: str
-    peak_stash: list[int]          # per stage: max micro-batches forwarded but not yet backwarded
-    stash_bound: list[int]         # per stage: the bound that peak_stash was checked against
+    peak_stash: list[int]  # per stage: max micro-batches forwarded but not yet backwarded
+    stash_bound: list[int]  # per stage: the bound that peak_stash was checked against
     peak_live_versions: list[int]  # per stage: max weight versions that must be held at once
-    counts: list[dict[str, int]]   # per stage: number of actions of each Kind (by value)
-    rendezvous_safe: bool          # also deadlock free if a send blocks until its recv is posted
-    order: list[tuple[int, int]]   # one global execution order (stage, action index) of the dry run
+    counts: list[dict[str, int]]  # per stage: number of actions of each Kind (by value)
+    rendezvous_safe: bool  # also deadlock free if a send blocks until its recv is posted
+    order: list[tuple[int, int]]  # one global execution order (stage, action index) of the dry run
 
 
 def _at(s: int, i: int, a: Action) -> str:
@@ -46,8 +65,7 @@ def _check_structure(sch: Schedule) -> None:
     for s, acts in enumerate(sch.actions):
         for i, a in enumerate(acts):
             if a.stage != s:
-                raise ScheduleError(f"{_at(s, i, a)}: action says stage {a.stage} but sits in "
-                                    f"list {s}")
+                raise ScheduleError(f"{_at(s, i, a)}: action says stage {a.stage} but sits in list {s}")
             if a.kind in PER_STEP:
                 if a.mb is not None:
                     raise ScheduleError(f"{_at(s, i, a)}: {a.kind} must not carry a micro-batch")
@@ -69,19 +87,22 @@ def _check_compute(sch: Schedule) -> list[dict[str, int]]:
             if a.mb in done[a.kind]:
                 raise ScheduleError(f"{_at(s, i, a)}: duplicate {a.kind} of micro-batch {a.mb}")
             if a.kind is BACKWARD and a.mb not in done[FORWARD]:
-                raise ScheduleError(f"{_at(s, i, a)}: backward of micro-batch {a.mb} precedes its "
-                                    "forward on the same stage (rule: B after F)")
+                raise ScheduleError(
+                    f"{_at(s, i, a)}: backward of micro-batch {a.mb} precedes its "
+                    "forward on the same stage (rule: B after F)"
+                )
             done[a.kind].add(a.mb)
         for kind in (FORWARD, BACKWARD):
             missing = sorted(set(range(sch.n_microbatches)) - done[kind])
             if missing:
-                raise ScheduleError(f"stage {s}: missing {kind} of micro-batch(es) {missing[:8]} "
-                                    "(rule: exactly one F and one B per micro-batch per step)")
+                raise ScheduleError(
+                    f"stage {s}: missing {kind} of micro-batch(es) {missing[:8]} "
+                    "(rule: exactly one F and one B per micro-batch per step)"
+                )
         c = Counter(a.kind.value for a in acts)
         for kind in PER_STEP:
             if c[kind.value] != sch.steps:
-                raise ScheduleError(f"stage {s}: {c[kind.value]} {kind} actions, expected one per "
-                                    f"step = {sch.steps}")
+                raise ScheduleError(f"stage {s}: {c[kind.value]} {kind} actions, expected one per step = {sch.steps}")
         counts.append(dict(c))
     return counts
 
@@ -101,8 +122,10 @@ def _check_pairing(sch: Schedule) -> None:
         for key, (s, i, a) in where[side].items():
             if key not in where[other]:
                 verb = "to" if side == "send" else "from"
-                raise ScheduleError(f"{_at(s, i, a)}: {a.kind} {verb} stage {a.peer} has no "
-                                    f"matching {other} of micro-batch {a.mb} on stage {a.peer}")
+                raise ScheduleError(
+                    f"{_at(s, i, a)}: {a.kind} {verb} stage {a.peer} has no "
+                    f"matching {other} of micro-batch {a.mb} on stage {a.peer}"
+                )
 
 
 def _check_dataflow(sch: Schedule) -> None:
@@ -111,11 +134,15 @@ def _check_dataflow(sch: Schedule) -> None:
         pos = {(a.kind, a.mb): i for i, a in enumerate(acts)}
         rules = []
         if s > 0:
-            rules += [(RECV_ACT, FORWARD, "activation received before forward"),
-                      (BACKWARD, SEND_GRAD, "gradient sent after backward")]
+            rules += [
+                (RECV_ACT, FORWARD, "activation received before forward"),
+                (BACKWARD, SEND_GRAD, "gradient sent after backward"),
+            ]
         if s < sch.d - 1:
-            rules += [(FORWARD, SEND_ACT, "activation sent after forward"),
-                      (RECV_GRAD, BACKWARD, "gradient received before backward")]
+            rules += [
+                (FORWARD, SEND_ACT, "activation sent after forward"),
+                (RECV_GRAD, BACKWARD, "gradient received before backward"),
+            ]
         for mb in range(sch.n_microbatches):
             for first, then, rule in rules:
                 if (first, mb) not in pos or (then, mb) not in pos:
@@ -148,12 +175,14 @@ def execution_order(sch: Schedule) -> list[tuple[int, int]]:
         if all(p == len(acts) for p, acts in zip(ptr, sch.actions)):
             return order
         if not progress:
-            waits = [f"{_at(s, p, acts[p])} waits for "
-                     f"{SEND_ACT if acts[p].kind is RECV_ACT else SEND_GRAD} of micro-batch "
-                     f"{acts[p].mb} from stage {acts[p].peer}"
-                     for s, (p, acts) in enumerate(zip(ptr, sch.actions)) if p < len(acts)]
-            raise ScheduleError("deadlock (cyclic wait, no stage can progress): "
-                                + "; ".join(waits))
+            waits = [
+                f"{_at(s, p, acts[p])} waits for "
+                f"{SEND_ACT if acts[p].kind is RECV_ACT else SEND_GRAD} of micro-batch "
+                f"{acts[p].mb} from stage {acts[p].peer}"
+                for s, (p, acts) in enumerate(zip(ptr, sch.actions))
+                if p < len(acts)
+            ]
+            raise ScheduleError("deadlock (cyclic wait, no stage can progress): " + "; ".join(waits))
 
 
 def rendezvous_safe(sch: Schedule) -> bool:
@@ -169,8 +198,12 @@ def rendezvous_safe(sch: Schedule) -> bool:
                 if a.kind in COMM:
                     p = a.peer
                     b = acts[p][ptr[p]] if ptr[p] < len(acts[p]) else None
-                    if b is None or b.kind not in COMM or (a.kind in SENDS) == (b.kind in SENDS) \
-                            or message_key(a) != message_key(b):
+                    if (
+                        b is None
+                        or b.kind not in COMM
+                        or (a.kind in SENDS) == (b.kind in SENDS)
+                        or message_key(a) != message_key(b)
+                    ):
                         break
                     ptr[p] += 1
                 ptr[s] += 1
@@ -189,9 +222,11 @@ def _check_stash(sch: Schedule) -> tuple[list[int], list[int]]:
         for i, a in enumerate(acts):
             live += (a.kind is FORWARD) - (a.kind is BACKWARD)
             if live > bound:
-                raise ScheduleError(f"{_at(s, i, a)}: {live} micro-batches in flight (forwarded, "
-                                    f"not yet backwarded) exceeds the {sch.name} stash bound "
-                                    f"{bound}")
+                raise ScheduleError(
+                    f"{_at(s, i, a)}: {live} micro-batches in flight (forwarded, "
+                    f"not yet backwarded) exceeds the {sch.name} stash bound "
+                    f"{bound}"
+                )
             peak = max(peak, live)
         peaks.append(peak)
         bounds.append(bound)
@@ -208,30 +243,38 @@ def _check_versions(sch: Schedule) -> list[int]:
         for i, a in enumerate(acts):
             if a.kind is OPTIMIZER_STEP:
                 if a.version != latest + 1:
-                    raise ScheduleError(f"{_at(s, i, a)}: optimizer step must create version "
-                                        f"{latest + 1}, creates {a.version}")
+                    raise ScheduleError(
+                        f"{_at(s, i, a)}: optimizer step must create version {latest + 1}, creates {a.version}"
+                    )
                 latest = a.version
             elif a.kind in COMPUTE:
                 if a.kind is FORWARD:
                     fwd_version[a.mb] = a.version
                 elif a.version != fwd_version[a.mb]:
-                    raise ScheduleError(f"{_at(s, i, a)}: backward uses version {a.version} but "
-                                        f"its forward used {fwd_version[a.mb]} (rule: same "
-                                        "version)")
+                    raise ScheduleError(
+                        f"{_at(s, i, a)}: backward uses version {a.version} but "
+                        f"its forward used {fwd_version[a.mb]} (rule: same "
+                        "version)"
+                    )
                 want = weight_version(sch.name, a.mb, sch.m)
                 if a.version != want:
-                    raise ScheduleError(f"{_at(s, i, a)}: uses version {a.version}, the {sch.name} "
-                                        f"version rule gives {want}")
+                    raise ScheduleError(
+                        f"{_at(s, i, a)}: uses version {a.version}, the {sch.name} version rule gives {want}"
+                    )
                 if a.version > latest:
-                    raise ScheduleError(f"{_at(s, i, a)}: uses version {a.version} before it is "
-                                        f"produced (latest on this stage is {latest})")
+                    raise ScheduleError(
+                        f"{_at(s, i, a)}: uses version {a.version} before it is "
+                        f"produced (latest on this stage is {latest})"
+                    )
             else:
                 continue
             # Live: the latest (the optimizer's target) plus each produced version still to be used.
             live = {latest} | {v for v, c in pending.items() if c and v <= latest}
             if len(live) > bound:
-                raise ScheduleError(f"{_at(s, i, a)}: {len(live)} live weight versions "
-                                    f"{sorted(live)} exceed the {sch.name} bound {bound}")
+                raise ScheduleError(
+                    f"{_at(s, i, a)}: {len(live)} live weight versions "
+                    f"{sorted(live)} exceed the {sch.name} bound {bound}"
+                )
             peak = max(peak, len(live))
             if a.kind in COMPUTE:
                 pending[a.version] -= 1

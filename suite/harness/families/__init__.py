@@ -1,4 +1,5 @@
 """Model families: how each Hugging Face architecture maps onto the layered view (embed, blocks, head)."""
+
 from suite.harness.families.bert import BertFamily
 from suite.harness.families.bert_mlm import BertMLMFamily
 from suite.harness.families.gpt2 import GPT2Family

@@ -1,4 +1,5 @@
 """BERT for sequence classification as embed, encoder blocks, and a pooler+classifier+loss head."""
+
 from __future__ import annotations
 
 import torch
@@ -33,15 +34,25 @@ class BertFamily:
     def build(self, cfg, attn_implementation: str) -> nn.Module:
         from transformers import BertConfig, BertForSequenceClassification
 
-        common = dict(num_labels=cfg.num_labels, hidden_dropout_prob=cfg.dropout,
-                      attention_probs_dropout_prob=cfg.attention_dropout)
+        common = dict(
+            num_labels=cfg.num_labels,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout,
+        )
         if cfg.pretrained:
-            hf = BertForSequenceClassification.from_pretrained(cfg.pretrained, attn_implementation=attn_implementation,
-                                                               **common)
+            hf = BertForSequenceClassification.from_pretrained(
+                cfg.pretrained, attn_implementation=attn_implementation, **common
+            )
         else:
-            hf_cfg = BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-                                num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
-                                max_position_embeddings=cfg.max_seq, **common)
+            hf_cfg = BertConfig(
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.hidden,
+                num_hidden_layers=cfg.layers,
+                num_attention_heads=cfg.heads,
+                intermediate_size=cfg.intermediate,
+                max_position_embeddings=cfg.max_seq,
+                **common,
+            )
             hf = BertForSequenceClassification._from_config(hf_cfg, attn_implementation=attn_implementation)
         hf.config.problem_type = "regression" if cfg.num_labels == 1 else "single_label_classification"
         return hf

@@ -1,4 +1,5 @@
 """BERT for masked language modelling: BERT's embeddings and blocks, then the MLM prediction head and loss."""
+
 from __future__ import annotations
 
 import torch
@@ -31,14 +32,23 @@ class BertMLMFamily(BertFamily):
 
         # Untied: the word embeddings (layer 0) and the decoder (the last layer) would otherwise be one
         # weight owned by two pipeline stages or two L2L slots.
-        common = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-                      tie_word_embeddings=False)
+        common = dict(
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout,
+            tie_word_embeddings=False,
+        )
         if cfg.pretrained:
             hf = BertForMaskedLM.from_pretrained(cfg.pretrained, attn_implementation=attn_implementation, **common)
         else:
-            hf_cfg = BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-                                num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
-                                max_position_embeddings=cfg.max_seq, **common)
+            hf_cfg = BertConfig(
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.hidden,
+                num_hidden_layers=cfg.layers,
+                num_attention_heads=cfg.heads,
+                intermediate_size=cfg.intermediate,
+                max_position_embeddings=cfg.max_seq,
+                **common,
+            )
             hf = BertForMaskedLM._from_config(hf_cfg, attn_implementation=attn_implementation)
         # Untying also separates the decoder's bias from the head's `bias`, leaving the latter unused;
         # both live in the head, so share them again as BertForMaskedLM intends.

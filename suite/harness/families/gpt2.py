@@ -1,4 +1,5 @@
 """GPT-2 for causal language modelling as embed (wte+wpe+dropout), GPT2Blocks, and an ln_f+lm_head+loss head."""
+
 from __future__ import annotations
 
 import torch
@@ -42,13 +43,26 @@ class GPT2Family:
 
         # Untied: a weight shared by the embeddings (layer 0) and the LM head (the last layer) would be
         # owned by two pipeline stages or two L2L slots, each updating its own copy.
-        common = dict(resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.attention_dropout,
-                      tie_word_embeddings=False, bos_token_id=3, eos_token_id=3)  # [SEP] separates texts (suite.tasks.corpus)
+        common = dict(
+            resid_pdrop=cfg.dropout,
+            embd_pdrop=cfg.dropout,
+            attn_pdrop=cfg.attention_dropout,
+            tie_word_embeddings=False,
+            bos_token_id=3,
+            eos_token_id=3,
+        )  # [SEP] separates texts (suite.tasks.corpus)
         if cfg.pretrained:
             hf = GPT2LMHeadModel.from_pretrained(cfg.pretrained, attn_implementation=attn_implementation, **common)
         else:
-            hf_cfg = GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.hidden, n_layer=cfg.layers, n_head=cfg.heads,
-                                n_inner=cfg.intermediate, n_positions=cfg.max_seq, **common)
+            hf_cfg = GPT2Config(
+                vocab_size=cfg.vocab_size,
+                n_embd=cfg.hidden,
+                n_layer=cfg.layers,
+                n_head=cfg.heads,
+                n_inner=cfg.intermediate,
+                n_positions=cfg.max_seq,
+                **common,
+            )
             hf = GPT2LMHeadModel._from_config(hf_cfg, attn_implementation=attn_implementation)
         if hf.lm_head.weight is hf.transformer.wte.weight:
             raise ValueError("GPT-2's LM head shares the input embedding; the layered view needs them untied")
