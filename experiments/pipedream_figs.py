@@ -29,7 +29,7 @@ MODEL = {
     "paper": {"model.preset": "bert-base", "seq_len": 512},
 }
 ASSUMPTIONS = (
-    "Projected rows are the planner's cost model (methods/pipeline/costmodel.py, analytic GPT profile, "
+    "Projected rows are the planner's cost model (methods/pipeline/planner/costmodel.py, analytic GPT profile, "
     "mixed precision: 2-byte weight versions, 16 B/param of FP32 master, gradient and Adam state) "
     "on the V100-16GB p3.16xlarge spec (45 TFLOP/s achieved, NVLink 150 GB/s inside a server, "
     "25 Gbit/s between servers: AWS's figures, not the paper's), links placed server by server "
