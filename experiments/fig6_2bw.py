@@ -60,7 +60,7 @@ EXPERIMENT = pf.FigureExperiment(
     metrics=[
         Metric("throughput", "samples/s", "{:.3g}", ratio=False),
         Metric("b", "micro-batch (planner's pick)", "{:.0f}", ratio=False, paper=False),
-        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False),
+        Metric("memory_worst_rank_gb", "memory (worst rank/stage)", unit="GB", ratio=False, paper=False),
     ],
     label_columns=pf.LABELS,
     baseline="measured-gpipe-m2",

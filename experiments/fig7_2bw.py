@@ -66,7 +66,7 @@ EXPERIMENT = pf.FigureExperiment(
     title="2BW paper Figure 7: worst-case memory per stage of GPipe, PipeDream-Flush, PipeDream-2BW and inter-layer MP",
     source="PipeDream-2BW paper (pipedream-2bw.txt) §5.3, Figure 7: GPT 2.2B on 8 V100-16GB (d=8), seq 512",
     metrics=[
-        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False),
+        Metric("memory_worst_rank_gb", "memory (worst rank/stage)", unit="GB", ratio=False),
         Metric("throughput", "samples/s", "{:.3g}", ratio=False, paper=False),
     ],
     label_columns=pf.LABELS,

@@ -77,7 +77,7 @@ EXPERIMENT = pf.FigureExperiment(
     source="PipeDream-2BW paper (pipedream-2bw.txt) §5.4, Figure 8: GPT 1.3B on 64 V100-16GB, seq 512",
     metrics=[
         Metric("throughput", "samples/s", "{:.3g}", ratio=False),
-        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False),
+        Metric("memory_worst_rank_gb", "memory (worst rank/stage)", unit="GB", ratio=False, paper=False),
     ],
     label_columns=[*pf.LABELS, "config"],
     baseline="measured-d2-b2-B16",

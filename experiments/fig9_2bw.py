@@ -174,7 +174,7 @@ EXPERIMENT = pf.FigureExperiment(
     metrics=[
         Metric("max_layers", "largest blocks", "{:.0f}", ratio=False),
         Metric("max_params_billion", "largest model (B params)", "{:.3g}", ratio=False),
-        Metric("memory_worst_rank_gb", "memory GB (worst rank/stage)", "{:.4g}", ratio=False, paper=False),
+        Metric("memory_worst_rank_gb", "memory (worst rank/stage)", unit="GB", ratio=False, paper=False),
     ],
     label_columns=[*pf.LABELS, "cap", "blocks"],
     baseline="projected-d1",

@@ -62,7 +62,7 @@ EXPERIMENT = Experiment(
     name="table2",
     title="Table 2: memory and throughput, baseline AG vs L2L (BERT)",
     source="L2L paper (l2l-constant-memory.txt), Table 2: BERT-Large on 4x V100-16GB, SST-2, total batch 256",
-    metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory (GB)", "{:.3g}")],
+    metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory", unit="GB")],
     label_columns=["precision", "device batch", "uBatch", "batch/device"],
     baseline="baseline-fp32",
     rows=rows,

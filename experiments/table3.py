@@ -88,7 +88,7 @@ EXPERIMENT = Experiment(
     name="table3",
     title="Table 3: L2L-CMP throughput and memory by number of micro-batches (inner looping)",
     source="L2L paper (l2l-constant-memory.txt), section 3.2.1, Table 3: BERT-Large, CMP, 4x V100-16GB",
-    metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory (GB)", "{:.3g}")],
+    metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory", unit="GB")],
     label_columns=["uBatch", "#uBatches", "device batch", "stash"],
     baseline="l2l-cmp-u1",
     rows=rows,

@@ -71,7 +71,7 @@ EXPERIMENT = Experiment(
     metrics=[
         Metric("throughput", "throughput (samples/s)"),
         Metric("throughput_per_rank", "per rank (samples/s)", ratio=False),
-        Metric("memory_gb", "memory/rank (GB)", "{:.3g}", ratio=False),
+        Metric("memory_gb", "memory/rank", unit="GB", ratio=False),
     ],
     label_columns=["#ranks", "paper #GPUs", "uBatch/rank", "#uBatches", "device batch", "note"],
     baseline="1-rank-u1",

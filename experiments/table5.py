@@ -145,8 +145,8 @@ EXPERIMENT = Experiment(
     title="Table 5: device memory against depth, baseline vs L2L with the stash on the device or the host",
     source="L2L paper (l2l-constant-memory.txt), section 3.4.1, Table 5: BERT-Large layers, one 16 GB V100",
     metrics=[
-        Metric("memory_gb", "memory (GB)", "{:.3g}"),
-        Metric("memory_reserved_gb", "reserved (GB)", "{:.3g}", ratio=False),
+        Metric("memory_gb", "memory", unit="GB"),
+        Metric("memory_reserved_gb", "reserved", unit="GB", ratio=False),
         Metric("throughput", "throughput (samples/s)", ratio=False),
     ],
     label_columns=["paper method", "uBatch", "device batch", "#layers", "#params"],

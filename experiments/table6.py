@@ -118,9 +118,9 @@ EXPERIMENT = Experiment(
     title="Table 6: L2L-CMP on a Turing-NLG-like model (78 layers, 152-wide heads, sequence 1024)",
     source="L2L paper (l2l-constant-memory.txt), section 3.4.2, Table 6: 17B parameters, one 16 GB V100, 512 GB host",
     metrics=[
-        Metric("memory_gb", "memory (GB)", "{:.3g}", ratio=False),
+        Metric("memory_gb", "memory", unit="GB", ratio=False),
         Metric("throughput", "throughput (samples/s)", "{:.3g}", ratio=False),
-        Metric("host_peak_gb", "host peak (GB)", "{:.3g}", ratio=False),
+        Metric("host_peak_gb", "host peak", unit="GB", ratio=False),
     ],
     label_columns=[
         "uBatch",

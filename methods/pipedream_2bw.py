@@ -26,6 +26,7 @@ class PipeDream2BW(PipelineMethod):
     """
 
     schedule_name = "2bw"
+    reference = "2bw-reference"  # its own delayed-update reference, the default of `suite check pipedream-2bw`
     options = pipeline_options(recompute=False)
     stage_versions: ClassVar[int] = 2
     schedule_steps: ClassVar[int] = 3  # warm-up window, a periodic window (the rest are shifts), drain

@@ -54,6 +54,7 @@ def _run(args) -> int:
         overrides=args.set,
         wandb_mode=args.wandb,
         timeout=args.timeout,
+        rounds=args.rounds,
     )
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
     return 1 if bad and args.strict else 0
@@ -66,9 +67,14 @@ def _check(args) -> int:
     from suite.harness.device import resolve_device
 
     cls = registry.get(args.method)
+    args.against = args.against or cls.reference  # a method's own reference by default (2BW: its delayed one)
     registry.get(args.against)
     run = apply_overrides(RunConfig(method=args.method), args.set or [], cls.options)
+    if not any(s.startswith("precision=") for s in args.set or []):
+        run.precision = default_precision(args.method, resolve_device(run.device))
     world = cls.world_size(run)
+    if world > 1:  # constraints of several ranks fail here, in one line, before torchrun starts them
+        cls.check_config(run.validate())
     if world > 1 and "RANK" not in os.environ:
         # Several ranks: the method's own torchrun check (it also proves the ranks agree).
         module = getattr(cls, "dist_check_module", None)
@@ -90,8 +96,6 @@ def _check(args) -> int:
             str(args.steps),
         ]
         return subprocess.call(cmd + [x for s in args.set or [] for x in ("--set", s)])
-    if not any(s.startswith("precision=") for s in args.set or []):
-        run.precision = default_precision(args.method, resolve_device(run.device))
     result = check(run, args.against, args.steps)
     print(result.report())
     return 0 if result.passed else 1
@@ -148,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="methods, experiments and profiles").set_defaults(fn=_list)
     r = sub.add_parser("run", help="run (or resume) an experiment and write its tables")
-    r.add_argument("experiment")
+    r.add_argument("experiment", help="an experiment name (python -m suite list)")
     r.add_argument("--profile", default="auto", help="tiny | small | paper | auto (default)")
     r.add_argument("--only", action="append", metavar="ROW", help="run only this row (repeatable)")
     r.add_argument("--force", action="store_true", help="re-run cells that already finished")
@@ -163,11 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, help="seconds per cell (default: the experiment's)")
     r.add_argument("--data-dir", metavar="PATH", help="folder of GLUE TSVs (task folders with train/dev.tsv)")
     r.add_argument("--strict", action="store_true", help="exit non-zero if any cell errored or timed out")
+    r.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help="timing rounds of each throughput cell, interleaved across the cells (default: the experiment's, 3)",
+    )
     r.set_defaults(fn=_run)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
-    c.add_argument("method")
-    c.add_argument("--against", default="grad_accum")
-    c.add_argument("--steps", type=int, default=3)
+    c.add_argument("method", help="a registered method (python -m suite list)")
+    c.add_argument(
+        "--against",
+        metavar="METHOD",
+        help="the reference to compare with (default: the method's own, grad_accum for most, 2bw-reference for 2BW)",
+    )
+    c.add_argument("--steps", type=int, default=3, help="optimizer steps both methods take (default 3)")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     c.set_defaults(fn=_check)
     pl = sub.add_parser("plan", help="rank pipeline configurations (w, d, b, recompute) by predicted throughput")
@@ -181,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="pipedream-2bw (default), pipedream-flush, gpipe, mp (inter-layer model parallelism)",
     )
     pl.add_argument("--micro-batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated candidates for b")
-    pl.add_argument("--recompute", choices=["off", "on", "both"], default="both")
+    pl.add_argument(
+        "--recompute", choices=["off", "on", "both"], default="both", help="activation recomputation to consider"
+    )
     pl.add_argument(
         "--device",
         choices=["cpu", "v100"],
@@ -190,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--threads", type=int, default=1, help="threads per rank when profiling on cpu")
     pl.add_argument("--refresh", action="store_true", help="re-measure the cached profile")
-    pl.add_argument("--top", type=int, default=20)
+    pl.add_argument("--top", type=int, default=20, help="how many configurations to print (default 20)")
     pl.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="model/run override, e.g. model.preset=bert-base"
     )

@@ -10,3 +10,17 @@ class AlwaysFails(GradAccum):
 
     def step(self, batch):
         raise ValueError("deliberate failure for the runner test")
+
+
+@register("sleeps")
+class Sleeps(GradAccum):
+    """Writes its pid to $SUITE_TEST_PIDFILE, then sleeps: a cell that outlives a killed runner unless killed too."""
+
+    def step(self, batch):
+        import os
+        import time
+
+        with open(os.environ["SUITE_TEST_PIDFILE"], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
+        return super().step(batch)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from suite.core.cell import check_cells
 from suite.core.experiment import all_experiments
 
 
@@ -13,3 +14,4 @@ def test_every_experiment_expands(profile, tmp_path, monkeypatch):
         cells = exp.cells(profile)
         assert all(c.key for c in cells), name
         assert len({c.key for c in cells}) == len(cells), f"{name}: two rows resolve to one cell"
+        check_cells(cells)  # every method's constraints (ranks, widths, stages) hold before launch

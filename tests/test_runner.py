@@ -38,6 +38,11 @@ def make_experiment(rows):
     )
 
 
+@pytest.fixture(autouse=True)
+def _this_machine(monkeypatch):
+    monkeypatch.setenv("SUITE_MACHINE", "test-machine")
+
+
 @pytest.fixture
 def plugins(monkeypatch):
     monkeypatch.setenv("SUITE_PLUGINS", "plugin_methods")
@@ -57,7 +62,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
             Row("missing", "not-a-method-yet"),
         ]
     )
-    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None)
+    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None, rounds=1)
     status = {r["row"]: r["status"] for r in records}
     assert status["ok"] == "ok"
     assert status["error"].startswith("error: ValueError: deliberate failure")
@@ -68,9 +73,9 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
     assert "Traceback" in records[1]["error"]
     # every cell is on disk, keyed by its config hash, and the table shows all four rows
     for r in records:
-        assert json.loads(store.run_path(tmp_path, r["key"]).read_text())["status"] == r["status"]
+        assert json.loads(store.run_path(tmp_path, r["key"], "test-machine").read_text())["status"] == r["status"]
     table = (tmp_path / "runner-test.md").read_text()
-    for word in ("| ok |", "error: ValueError", "| oom |", "not_implemented", "10.00"):
+    for word in ("| ok |", "error: ValueError", "| oom |", "not_implemented", "| 10 |"):
         assert word in table
     assert (tmp_path / "runner-test.csv").read_text().count("\n") == 5
     # the offline W&B run of the ok cell carries its config and summary
@@ -82,7 +87,9 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
 
 def test_timeout_is_a_status(tmp_path):
     exp = make_experiment([Row("slow", "grad_accum")])
-    (rec,) = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5, progress=lambda m: None)
+    (rec,) = sweep(
+        exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5, progress=lambda m: None, rounds=1
+    )
     assert rec["status"] == "timeout"
 
 
@@ -94,15 +101,15 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=interrupt_after_first)
-    first = sorted((tmp_path / "runs").glob("*.json"))
+        sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=interrupt_after_first, rounds=1)
+    first = sorted((tmp_path / "runs" / "test-machine").glob("*.json"))
     assert len(first) == 1
     stamp = first[0].stat().st_mtime_ns
     seen = []
-    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append)
+    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=1)
     assert [r["status"] for r in records] == ["ok", "ok"]
-    assert any("a (grad_accum, tiny): ok (cached" in m for m in seen)
+    assert any("a (grad_accum, tiny): ok (cached on test-machine" in m for m in seen)
     assert first[0].stat().st_mtime_ns == stamp
     # --force runs it again
-    sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", force=True, only=["a"], progress=lambda m: None)
+    sweep(exp, "tiny", ["a"], force=True, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=1)
     assert first[0].stat().st_mtime_ns != stamp

@@ -52,10 +52,11 @@ def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
     assert [p["step"] for p in m["curve"]] == [0, 2, 4, 6, 8] and m["best_step"] in (0, 2, 4, 6, 8)
     assert (results_env / m["final_weights"]).exists() and (results_env / m["best_weights"]).exists()
     table = (results_env / "table7.md").read_text()
-    for text in ("66.06", "67.87", "72.20", "| NA |", "skipped: dev-only data", "tiny profile on cpu"):
+    for text in ("66.06", "67.87", "| 72.2 |", "| 88.50 |", "| NA |", "skipped: dev-only data", "tiny profile on cpu"):
         assert text in table, text
     assert f"{m['score']:.2f}" in table
-    assert (results_env / "figures" / "figure4_tiny_profile_on_cpu.png").stat().st_size > 0
+    (figure,) = (results_env / "figures").glob("figure4_tiny_profile_on_*.png")  # one section: this machine
+    assert figure.stat().st_size > 0
     assert "No task has both rows" in (results_env / "table7_equivalence.md").read_text()
 
 

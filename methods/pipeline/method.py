@@ -87,6 +87,25 @@ class PipelineMethod(Method):
         o = cls.resolved_options(run)
         return o["stages"] * o["width"] if o["executor"] == "dist" else 1
 
+    @classmethod
+    def check_config(cls, run) -> None:
+        super().check_config(run)
+        o = cls.resolved_options(run)
+        d, w, m, layers = o["stages"], o["width"], run.num_micro_batches, run.model.resolved().layers + 2
+        if not 1 <= d <= layers:
+            raise ConfigError(
+                f"stages={d}: the model has {layers} layers (embeddings, blocks, head), choose 1..{layers}"
+            )
+        if w < 1 or m % w:
+            fits = [k for k in range(1, m + 1) if m % k == 0]
+            other = f", or num_micro_batches={w * -(-m // w)}" if w >= 1 else ""
+            raise ConfigError(
+                f"width={w} must divide num_micro_batches={m} (each replica pipeline runs an equal share of the "
+                f"micro-batches): choose width in {fits}{other}"
+            )
+        if run.ranks != 1:
+            raise ConfigError(f"ranks={run.ranks}: a pipeline takes its ranks from stages x width; keep ranks=1")
+
     def __init__(self, model, run, device):
         super().__init__(model, run, device)
         d, w = self.opts["stages"], self.opts["width"]

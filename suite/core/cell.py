@@ -14,16 +14,33 @@ import torch
 from suite.config.errors import ConfigError
 
 CELL_KINDS = {}
+METHODLESS: set[str] = set()  # kinds that never build the cell's method (a projection): nothing of it to check
 
 
-def cell_kind(name: str):
+def cell_kind(name: str, builds_method: bool = True):
     """Register a function that runs a cell kind: (run, device, cap) -> metrics dict."""
 
     def deco(fn):
         CELL_KINDS[name] = fn
+        if not builds_method:
+            METHODLESS.add(name)
         return fn
 
     return deco
+
+
+def check_cells(cells) -> None:
+    """Every method constraint of every cell, before any process is launched: a broken one is a one-line
+    ConfigError naming the cell, the constraint and a valid choice (not a traceback from every rank)."""
+    from suite.core import registry
+
+    for cell in cells:
+        if cell.kind in METHODLESS or not registry.is_registered(cell.run.method):
+            continue
+        try:
+            registry.get(cell.run.method).check_config(cell.run)
+        except ConfigError as exc:
+            raise ConfigError(f"{cell.experiment}/{cell.row.name}: {exc}") from None
 
 
 def cell_options(cls, run, what: str):
@@ -114,6 +131,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m suite.core.cell CELL.json OUT.json", file=sys.stderr)
         return 2
+    if "LOCAL_RANK" in os.environ:  # a torchrun rank: die with torchrun, which dies with the runner
+        from suite.core.orphans import die_with_parent
+
+        die_with_parent()
     with open(argv[0]) as f:
         payload = json.load(f)
     from suite.core import cell

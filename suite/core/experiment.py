@@ -37,6 +37,7 @@ class Metric:
     fmt: str = "{:.2f}"
     ratio: bool = True
     paper: bool = True  # False where the paper has no such number (a column of dashes says nothing)
+    unit: str | None = None  # "GB": values in GB, shown in the unit that reads well at their scale (MB, KB)
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Experiment:
     kind: str = "throughput"
     timeout: Callable[[str], float] = lambda profile: 1800.0 if profile == "paper" else 600.0
     figure: Callable | None = None
+    rounds: int = 3  # timing rounds of each throughput cell, interleaved across the cells (ABC ABC ABC)
 
     def cells(
         self,

@@ -63,10 +63,28 @@ class Method(ABC):
         self.model, self.run, self.device = model, run, device
         self.opts = {k: run.options.get(k, o.default) for k, o in self.options.items()}
 
+    # The method `suite check METHOD` compares with when no --against is given.
+    reference: ClassVar[str] = "grad_accum"
+
     @classmethod
     def world_size(cls, run) -> int:
         """How many ranks a cell of this method needs (launched with torchrun when > 1)."""
         return run.ranks
+
+    @classmethod
+    def check_config(cls, run) -> None:
+        """Raise a one-line ConfigError, naming the broken constraint and a valid choice, for a run this method
+        cannot take; called before any process is launched (multi-rank errors would surface in every rank)."""
+        if run.precision not in cls.precisions:
+            raise ConfigError(f"method {run.method!r} runs at precision {list(cls.precisions)}, not {run.precision!r}")
+        if cls.world_size(run) > 1 and cls.shards_batch and run.micro_batch_size % run.ranks:
+            # Each rank takes batch/ranks samples and splits them into num_micro_batches micro-batches.
+            fit = (run.micro_batch_size // run.ranks + 1) * run.ranks
+            raise ConfigError(
+                f"ranks={run.ranks}: each rank takes {run.batch_size}/{run.ranks} samples, which must split into "
+                f"num_micro_batches={run.num_micro_batches}, so micro_batch_size={run.micro_batch_size} must be a "
+                f"multiple of ranks (e.g. micro_batch_size={fit})"
+            )
 
     @abstractmethod
     def step(self, batch) -> StepStats:

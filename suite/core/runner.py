@@ -1,9 +1,10 @@
-"""Runs an experiment's cells, each in a fresh process, and caches their records by config hash."""
+"""Runs an experiment's cells in fresh processes that die with the runner, in interleaved rounds, cached per machine."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,15 +14,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from suite.config import paths
+from suite.config.errors import ConfigError
 from suite.core import registry
+from suite.core.cell import check_cells
 from suite.core.experiment import Cell, Experiment, resolve_profile
+from suite.core.rounds import merge
+from suite.measure.machine import fingerprint
 from suite.records import store, tracking
 
 
 def _command(cell: Cell, cfg_path: str, out_path: str) -> list[str]:
+    guard = [sys.executable, "-m", "suite.core.orphans", str(os.getpid())]  # dies with this runner
     world = registry.get(cell.run.method).world_size(cell.run)
     if world > 1:  # torchrun also spans several machines when launched there
-        return [
+        return guard + [
             sys.executable,
             "-m",
             "torch.distributed.run",
@@ -32,7 +38,7 @@ def _command(cell: Cell, cfg_path: str, out_path: str) -> list[str]:
             cfg_path,
             out_path,
         ]
-    return [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
+    return guard + [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
 
 
 def run_cell(cell: Cell, timeout: float | None = None) -> dict:
@@ -85,6 +91,11 @@ def variant_of(overrides: list[str] | None, device_memory: str | None) -> str:
     return ", ".join(parts + [f"set {o}" for o in overrides or []])
 
 
+def new_sweep_id() -> str:
+    """A sweep's id: when it started and a random tail (two sweeps in one second still differ)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
 def run_cells(
     exp: Experiment,
     profile: str = "auto",
@@ -96,64 +107,96 @@ def run_cells(
     results_dir: Path | None = None,
     timeout: float | None = None,
     progress=print,
+    rounds: int | None = None,
 ) -> tuple[list[Cell], list[dict]]:
-    """Run (or reuse) every cell of `exp`, write one record and one W&B run per cell; returns (cells, records).
+    """Run (or reuse) every cell of `exp` on this machine, write one record and one W&B run per cell; returns
+    (cells, records). Throughput cells run `rounds` times (the experiment's default), the cells of one round
+    after another (ABC ABC ABC) so that drift hits all alike. A record is reused only on the machine that made it.
 
     The tables are the face's to render (suite.sweep): the engine stands below the reports."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     profile = resolve_profile(profile)
+    rounds = exp.rounds if rounds is None else rounds
+    if rounds < 1:
+        raise ConfigError(f"--rounds {rounds}: give 1 or more timing rounds (3 or more to see the noise)")
     mode = tracking.resolve_mode(wandb_mode)
     cells = exp.cells(profile, only, overrides, device_memory)
+    check_cells(cells)
     variant = variant_of(overrides, device_memory)
-    records = []
-    for i, cell in enumerate(cells, 1):
-        tag = f"[{i}/{len(cells)}] {exp.name}/{cell.row.name} ({cell.row.method}, {profile})"
-        cached = store.load(results_dir, cell.key)
+    fp = fingerprint()
+    here, sweep_id = fp["slug"], new_sweep_id()
+    tags = {
+        c.key: f"[{i}/{len(cells)}] {exp.name}/{c.row.name} ({c.row.method}, {profile})" for i, c in enumerate(cells, 1)
+    }
+    records: dict[str, dict] = {}
+    todo = []
+    for cell in cells:
+        cached = store.load(results_dir, cell.key, here, warn=progress)
         if cached and cached["status"] in store.FINISHED and not force:
-            progress(f"{tag}: {cached['status']} (cached, {cell.key})")
-            records.append(cached)
-            continue
-        started = time.time()
-        if not registry.is_registered(cell.row.method):
-            record = {
-                "status": "not_implemented",
-                "metrics": {},
-                "error": f"method {cell.row.method!r} is not registered yet",
-                "provenance": None,
-            }
+            progress(f"{tags[cell.key]}: {cached['status']} (cached on {here}, {cell.key})")
+            records[cell.key] = cached
+        elif not registry.is_registered(cell.row.method):
+            error = f"method {cell.row.method!r} is not registered yet"
+            record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}
+            records[cell.key] = _finish(record, cell, exp, profile, variant, fp, sweep_id, results_dir)
         else:
-            progress(f"{tag}: running ...")
-            record = run_cell(cell, timeout)
-        record.update(
-            key=cell.key,
-            experiment=exp.name,
-            row=cell.row.name,
-            method=cell.row.method,
-            profile=profile,
-            device_type=cell.run.device,
-            variant=variant,
-            config=cell.resolved(),
-            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            todo.append(cell)
+    if todo:
+        progress(
+            f"measuring {len(todo)} cell(s) on {here}, sweep {sweep_id}: throughput cells in {rounds} "
+            "interleaved round(s)"
         )
-        store.save(results_dir, cell.key, record)
-        m = record.get("metrics") or {}
-        shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
-        progress(f"{tag}: {record['status']} in {time.time() - started:.1f}s{'; ' + shown if shown else ''}")
-        try:
-            record["wandb_dir"] = tracking.log_cell(
-                experiment=exp.name,
-                row=cell.row.name,
-                method=cell.row.method,
-                config=cell.resolved(),
-                provenance=record.get("provenance") or {},
-                summary=m,
-                status=record["status"],
-                mode=mode,
-            )
-            store.save(results_dir, cell.key, record)
-        except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
-            progress(f"{tag}: W&B logging failed: {exc}")
-        records.append(record)
-        if record["status"] == "error: interrupted":
-            raise KeyboardInterrupt
-    return cells, records
+    done: dict[str, list[dict]] = {c.key: [] for c in todo}
+    for r in range(1, rounds + 1):
+        for cell in todo:
+            planned = rounds if cell.kind == "throughput" else 1
+            if r > planned or (done[cell.key] and done[cell.key][-1]["status"] != "ok"):
+                continue  # measured once, or failed in an earlier round: its record is already final
+            tag = tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
+            progress(f"{tag}: running ...")
+            started = time.time()
+            done[cell.key].append(run_cell(cell, timeout))
+            record = _finish(merge(done[cell.key], planned), cell, exp, profile, variant, fp, sweep_id, results_dir)
+            m = record.get("metrics") or {}
+            shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
+            progress(f"{tag}: {record['status']} in {time.time() - started:.1f}s{'; ' + shown if shown else ''}")
+            if not record["status"].startswith("partial"):
+                try:
+                    record["wandb_dir"] = tracking.log_cell(
+                        experiment=exp.name,
+                        row=cell.row.name,
+                        method=cell.row.method,
+                        config=cell.resolved(),
+                        provenance=record.get("provenance") or {},
+                        summary=m,
+                        status=record["status"],
+                        mode=mode,
+                    )
+                    store.save(results_dir, cell.key, here, record)
+                except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
+                    progress(f"{tag}: W&B logging failed: {exc}")
+            records[cell.key] = record
+            if record["status"] == "error: interrupted":
+                raise KeyboardInterrupt
+    return cells, [records[c.key] for c in cells]
+
+
+def _finish(
+    record: dict, cell: Cell, exp: Experiment, profile: str, variant: str, fp: dict, sweep: str, results_dir: Path
+) -> dict:
+    """Label a record with its cell, machine and sweep, and save it under this machine."""
+    record.update(
+        key=cell.key,
+        experiment=exp.name,
+        row=cell.row.name,
+        method=cell.row.method,
+        profile=profile,
+        device_type=cell.run.device,
+        variant=variant,
+        config=cell.resolved(),
+        machine=fp,
+        sweep=sweep,
+        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    store.save(results_dir, cell.key, fp["slug"], record)
+    return record

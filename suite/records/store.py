@@ -1,32 +1,64 @@
-"""The record store: one JSON record per cell under results/runs/<key>.json, written atomically."""
+"""The record store: one JSON record per cell and machine, results/runs/<machine>/<key>.json, written atomically."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout and not_implemented are tried again
+FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout, partial and not_implemented are tried again
 
 
-def run_path(results_dir: Path, key: str) -> Path:
-    return results_dir / "runs" / f"{key}.json"
+def run_path(results_dir: Path, key: str, machine: str) -> Path:
+    """Where the record of cell `key` measured on `machine` (its slug) lives."""
+    return results_dir / "runs" / machine / f"{key}.json"
 
 
-def load(results_dir: Path, key: str) -> dict | None:
-    path = run_path(results_dir, key)
-    if not path.exists():
+def read(path: Path, warn: Callable[[str], None] = print) -> dict | None:
+    """The record at `path`, or None with one warning line naming the file when it is not a readable record."""
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+        if not isinstance(rec, dict) or "status" not in rec:
+            raise ValueError("no status field")
+        return rec
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        warn(f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); ignored")
         return None
-    with open(path) as f:
-        return json.load(f)
 
 
-def save(results_dir: Path, key: str, record: dict) -> Path:
+def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] = print) -> dict | None:
+    """This machine's record of cell `key`; records of other machines are never reused."""
+    path = run_path(results_dir, key, machine)
+    return read(path, warn) if path.exists() else None
+
+
+def save(results_dir: Path, key: str, machine: str, record: dict) -> Path:
     """Write atomically, so an interrupted sweep never leaves a half-written record."""
-    path = run_path(results_dir, key)
+    path = run_path(results_dir, key, machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True, default=str)
     os.replace(tmp, path)
     return path
+
+
+def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Iterator[dict]:
+    """Every readable record: those of each machine's folder, and the flat ones that predate fingerprints."""
+    runs = results_dir / "runs"
+    for path in sorted([*runs.glob("*.json"), *runs.glob("*/*.json")]):
+        rec = read(path, warn)
+        if rec is not None:
+            yield rec
+
+
+def machine_of(record: dict) -> str:
+    """The slug of the machine a record came from; records made before fingerprints are named by their provenance."""
+    fp = record.get("machine") or {}
+    if fp.get("slug"):
+        return fp["slug"]
+    device = (record.get("provenance") or {}).get("device") or "unknown device"
+    return "unfingerprinted-" + "-".join(re.findall(r"[A-Za-z0-9_]+", device)).lower()

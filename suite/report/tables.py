@@ -1,96 +1,228 @@
-"""Tables rendered from records: results/<experiment>.md and .csv, the paper's values beside ours."""
+"""Tables rendered from records: results/<experiment>.md and .csv, one section per machine, the paper beside ours."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
-from suite.records.store import FINISHED
+from suite.core.rounds import RATES, spread
+from suite.measure.machine import describe
+from suite.records.store import FINISHED, all_records, machine_of
+
+
+@dataclass
+class Column:
+    """One column: its CSV (and W&B) name, its markdown heading, and how a value reads in markdown."""
+
+    name: str
+    title: str
+    show: Callable[[Any], str]
 
 
 def _num(x: Any) -> float | None:
     return x if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)) else None
 
 
-def _fmt(fmt: str, x: Any) -> str:
-    v = _num(x)
-    return "—" if v is None else fmt.format(v)
+def _text(x: Any) -> str:
+    return "—" if x is None else str(x)
+
+
+def human_bytes(gb: float) -> str:
+    """A size given in GB in the unit that reads well at its scale: GB, MB below 1 GB, KB at tiny shapes."""
+    b = gb * 1e9
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(b) >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def as_printed(x: Any) -> str:
+    """A paper value as the paper printed it: 10.51 stays 10.51 and 89.0 stays 89.0; a value whose printed
+    trailing zero a float cannot keep (88.50) is written as a string in its experiment, and shown as such."""
+    return "—" if x is None else repr(x) if isinstance(x, float) else str(x)
+
+
+def paper_number(x: Any) -> float | None:
+    """A paper value as a number for ratios: floats, and numbers written as strings ("88.50"); None for "NA"."""
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            return None
+    return _num(x)
+
+
+def _shower(fmt: str, unit: str | None) -> Callable[[Any], str]:
+    def show(x: Any) -> str:
+        v = _num(x)
+        if v is None:
+            return _text(x)
+        return human_bytes(v) if unit == "GB" else fmt.format(v)
+
+    return show
+
+
+def _paper_shower(unit: str | None) -> Callable[[Any], str]:
+    return lambda x: as_printed(x) + (f" {unit}" if unit and paper_number(x) is not None else "")
+
+
+def _ratio(x: Any) -> str:
+    return "—" if _num(x) is None else f"{x:.2f}x"
+
+
+def _yes_no(x: Any) -> str:
+    return "—" if x is None else ("yes" if x else "no")
+
+
+def _metrics(rec: dict | None) -> dict:
+    return (rec or {}).get("metrics") or {}
+
+
+def columns(exp, records: list[dict | None]) -> list[Column]:
+    """The columns of one section: labels, status, sweep, then per metric ours (its rounds' spread when
+    timed in rounds) / paper / ratio to the baseline ours (whether within noise) / paper."""
+    cols = [Column("row", "row", _text), Column("method", "method", _text)]
+    cols += [Column(c, c, _text) for c in exp.label_columns]
+    cols += [Column("status", "status", _text), Column("sweep", "sweep", _text)]
+    for m in exp.metrics:
+        unit, timed = m.unit, m.key in RATES
+        ours = f"{m.label} ours" if m.paper else m.label
+        cols.append(Column(ours + (f" ({unit})" if unit else ""), ours, _shower(m.fmt, unit)))
+        if timed:
+            cols.append(Column(f"{m.label} spread", "spread", _text))
+        if m.paper:
+            cols.append(
+                Column(f"{m.label} paper" + (f" ({unit})" if unit else ""), f"{m.label} paper", _paper_shower(unit))
+            )
+        if m.ratio:
+            cols.append(Column(f"{m.key} x{exp.baseline} ours", f"{m.key} x{exp.baseline} ours", _ratio))
+            if timed:
+                cols.append(Column(f"{m.key} x{exp.baseline} within noise", "within noise", _yes_no))
+            cols.append(Column(f"{m.key} x{exp.baseline} paper", f"{m.key} x{exp.baseline} paper", _ratio))
+    return cols
+
+
+def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
+    status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
+    metrics = _metrics(rec)
+    same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
+    line: list[Any] = [
+        cell.row.name,
+        cell.row.method,
+        *[cell.row.labels.get(c, "") for c in exp.label_columns],
+        status,
+        (rec or {}).get("sweep") if rec else None,
+    ]
+    for m in exp.metrics:
+        # An oom record has metrics only when they say why (a projection's memory past its cap).
+        ours, paper = _num(metrics.get(m.key)) if status in FINISHED else None, cell.row.paper.get(m.key)
+        line.append(ours)
+        own = spread(metrics, m.key) if ours is not None else None
+        if m.key in RATES:
+            line.append(f"{m.fmt.format(own[0])}-{m.fmt.format(own[1])}" if own else None)
+        if m.paper:
+            line.append(paper)
+        if m.ratio:
+            base = _metrics(base_rec)
+            b_ours = _num(base.get(m.key)) if base_rec and base_rec.get("status") == "ok" and same_sweep else None
+            b_paper = paper_number(base_row.paper.get(m.key)) if base_row else None
+            line.append(ours / b_ours if ours is not None and b_ours else None)
+            if m.key in RATES:
+                theirs = spread(base, m.key)
+                line.append(own[0] <= theirs[1] and theirs[0] <= own[1] if own and theirs and b_ours else None)
+            line.append(paper_number(paper) / b_paper if paper_number(paper) is not None and b_paper else None)
+    return line
 
 
 def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[list[Any]]]:
-    """Columns and rows: labels, status, then per metric ours / paper / ratio-to-baseline ours / paper."""
+    """Column names and rows of one section; ratios only among rows of the baseline's sweep."""
     base_idx = next((i for i, c in enumerate(cells) if c.row.name == exp.baseline), None)
     base_rec = records[base_idx] if base_idx is not None else None
     base_row = cells[base_idx].row if base_idx is not None else None
-    cols = ["row", "method", *exp.label_columns, "status"]
-    for m in exp.metrics:
-        cols += [f"{m.label} ours", f"{m.label} paper"] if m.paper else [m.label]
-        if m.ratio:
-            cols += [f"{m.key} x{exp.baseline} ours", f"{m.key} x{exp.baseline} paper"]
-    out = []
-    for cell, rec in zip(cells, records):
-        status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
-        metrics = (rec or {}).get("metrics") or {}
-        line: list[Any] = [
-            cell.row.name,
-            cell.row.method,
-            *[cell.row.labels.get(c, "") for c in exp.label_columns],
-            status,
-        ]
-        for m in exp.metrics:
-            # An oom record has metrics only when they say why (a projection's memory past its cap).
-            ours, paper = _num(metrics.get(m.key)) if status in FINISHED else None, cell.row.paper.get(m.key)
-            line += [ours, paper] if m.paper else [ours]
-            if m.ratio:
-                b_ours = (
-                    _num(((base_rec or {}).get("metrics") or {}).get(m.key))
-                    if base_rec and base_rec.get("status") == "ok"
-                    else None
-                )
-                b_paper = _num(base_row.paper.get(m.key)) if base_row else None
-                line += [
-                    ours / b_ours if ours is not None and b_ours else None,
-                    _num(paper) / b_paper if _num(paper) is not None and b_paper else None,
-                ]
-        out.append(line)
-    return cols, out
+    rows = [_values(exp, cell, rec, base_rec, base_row) for cell, rec in zip(cells, records)]
+    return [c.name for c in columns(exp, records)], rows
 
 
-def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, str]:
-    """Markdown and CSV text of an experiment's table, with provenance and notes."""
-    cols, rows = table_rows(exp, cells, records)
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit|Expired)\b.*")
+
+
+def reason(rec: dict) -> str:
+    """One line on why a cell did not end `ok`: the exception's own line, else its status."""
+    lines = [x.strip() for x in (rec.get("error") or "").strip().splitlines() if x.strip()]
+    hits = [x for x in lines if _EXCEPTION_LINE.match(x)]
+    return (hits[-1] if hits else rec["status"])[:200]
+
+
+def _sweep_note(exp, cells, records) -> str:
+    base = next((r for c, r in zip(cells, records) if c.row.name == exp.baseline), None)
+    if not any(m.ratio for m in exp.metrics):
+        return ""
+    if base is None:
+        return f"No `{exp.baseline}` record here, so no ratios."
+    sweep = base.get("sweep")
+    if sweep is None:
+        return (
+            f"Ratios are to the `{exp.baseline}` row, ours and the paper's. These records predate sweep ids: "
+            "the ratios assume the rows came from one run, which the records cannot confirm."
+        )
+    others = [c.row.name for c, r in zip(cells, records) if r and r.get("sweep") != sweep]
+    note = f"Ratios are to the `{exp.baseline}` row, ours and the paper's, among rows of its sweep `{sweep}` only"
+    if others:
+        note += f"; {', '.join(f'`{n}`' for n in others)} came from other sweeps and show no ratio"
+    return note + "."
+
+
+def _machine_line(records) -> str:
+    fp = next((r["machine"] for r in records if r and isinstance(r.get("machine"), dict)), None)
+    if fp and fp.get("cpu"):
+        return f"Machine `{fp['slug']}`: {describe(fp)}."
+    prov = next(((r.get("provenance") or {}) for r in records if r and r.get("provenance")), {})
+    return (
+        f"Machine not fingerprinted: these records predate fingerprints; their provenance says "
+        f"`{prov.get('device', '?')}`, host `{prov.get('host', '?')}`."
+    )
+
+
+def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str]:
+    """Markdown and CSV text of one section of an experiment's table, with its machine, notes and provenance."""
+    cols = columns(exp, records)
+    _, rows = table_rows(exp, cells, records)
     buf = io.StringIO()
-    csv.writer(buf).writerows([cols, *[[("" if v is None else v) for v in r] for r in rows]])
-    fmts = ["{}"] * (len(exp.label_columns) + 3)
-    for m in exp.metrics:
-        fmts += ([m.fmt, m.fmt] if m.paper else [m.fmt]) + (["{:.2f}x", "{:.2f}x"] if m.ratio else [])
+    csv.writer(buf).writerows([[c.name for c in cols], *[[("" if v is None else v) for v in r] for r in rows]])
     md = [
         f"# {exp.title}",
         "",
         f"Source: {exp.source}",
         "",
-        f"## {profile}",
+        f"## {title}",
+        "",
+        _machine_line(records),
         "",
         "Generated from results/runs/ by `python -m suite run`; do not edit by hand.",
         "",
-        "| " + " | ".join(cols) + " |",
+        "| " + " | ".join(c.title for c in cols) + " |",
         "|" + "---|" * len(cols),
     ]
     for r in rows:
-        cells_txt = [
-            (_fmt(f, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else ("—" if v is None else str(v)))
-            for f, v in zip(fmts, r)
-        ]
-        md.append("| " + " | ".join(cells_txt) + " |")
+        md.append("| " + " | ".join(c.show(v) for c, v in zip(cols, r)) + " |")
     md += [""]
-    if any(m.ratio for m in exp.metrics):
-        md += [f"Ratios are to the `{exp.baseline}` row, ours and the paper's, each within one run.", ""]
+    note = _sweep_note(exp, cells, records)
+    if note:
+        md += [note, ""]
+    if any(spread(_metrics(r), m.key) for r in records for m in exp.metrics):
+        md += [
+            "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
+            "row's and the baseline's min-max spreads overlap, so the ratio does not tell them apart.",
+            "",
+        ]
     if exp.notes:
         md += [f"Notes: {exp.notes}", ""]
     md += ["Provenance:", ""]
@@ -103,32 +235,29 @@ def render(exp, cells, records: list[dict | None], profile: str) -> tuple[str, s
             f"- `{cell.row.name}` [{rec['status']}]: {p.get('device', '?')}, torch {p.get('torch', '?')}, "
             f"transformers {p.get('transformers', '?')}, commit {str(p.get('commit') or '?')[:10]}"
             f"{' (dirty)' if p.get('dirty') else ''}, cap {p.get('device_memory_cap_gb') or 'none'} GB, "
-            f"memory: {(rec.get('metrics') or {}).get('memory_kind', '—')}, finished {rec.get('finished', '?')}, "
-            f"run `{rec.get('key')}`"
+            f"threads {p.get('threads', '?')}, memory: {_metrics(rec).get('memory_kind', '—')}, "
+            f"rounds {rec.get('rounds', 1)}, finished {rec.get('finished', '?')}, run `{rec.get('key')}`"
         )
-        if rec["status"] not in ("ok",) and rec.get("error"):
-            lines = [x.strip() for x in rec["error"].strip().splitlines() if x.strip()]
-            desc += f" — {lines[-1][:200]}"  # the exception's own line, not the traceback's first
+        if rec["status"] != "ok":
+            desc += f" — {reason(rec)}"
         md.append(desc)
     return "\n".join(md) + "\n", buf.getvalue()
 
 
-def sections(exp, results_dir: Path) -> list[tuple[str, list, list[dict | None]]]:
-    """Every (profile, device, variant) this experiment has records for, each with its rows in table order."""
+def sections(exp, results_dir: Path, warn=print) -> list[tuple[str, list, list[dict | None]]]:
+    """Every (machine, profile, device, variant) this experiment has records for, each with its rows in order."""
     groups: dict[tuple, dict[str, dict]] = {}
-    for path in sorted((results_dir / "runs").glob("*.json")):
-        with open(path) as f:
-            rec = json.load(f)
+    for rec in all_records(results_dir, warn):
         if rec.get("experiment") != exp.name:
             continue
-        key = (rec.get("profile"), rec.get("device_type"), rec.get("variant") or "")
+        key = (rec.get("profile"), machine_of(rec), rec.get("device_type"), rec.get("variant") or "")
         prev = groups.setdefault(key, {}).get(rec["row"])
         if prev is None or rec.get("finished", "") >= prev.get("finished", ""):
             groups[key][rec["row"]] = rec
     order = {"paper": 0, "small": 1, "tiny": 2}
     out = []
-    for (profile, dev, variant), by_row in sorted(
-        groups.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1] or "", kv[0][2])
+    for (profile, machine, dev, variant), by_row in sorted(
+        groups.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1].startswith("unfingerprinted"), kv[0][1:])
     ):
         rows = {r.name: r for r in exp.rows(profile)}
         cells, records = [], []
@@ -137,13 +266,13 @@ def sections(exp, results_dir: Path) -> list[tuple[str, list, list[dict | None]]
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
             cells.append(Cell(exp.name, row, run, profile))
             records.append(rec)
-        title = f"{profile} profile on {dev}" + (f", {variant}" if variant else "")
+        title = f"{profile} profile on {machine} ({dev} device)" + (f", {variant}" if variant else "")
         out.append((title, cells, records))
     return out
 
 
 def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
-    """results/<experiment>.md and .csv, one section per profile, device and variant that has records."""
+    """results/<experiment>.md and .csv, one section per machine, profile, device and variant with records."""
     parts, csv_rows = [], []
     for title, cells, records in sections(exp, results_dir):
         md, csv_text = render(exp, cells, records, title)

@@ -177,7 +177,7 @@ def project(run, cap: int | None = None) -> dict:
     return metrics
 
 
-@cell_kind("projected")
+@cell_kind("projected", builds_method=False)
 def projected_cell(run, device, cap) -> dict:
     """Predict the configuration with the planner's cost model; nothing is trained."""
     return project(run, cap)

@@ -1,0 +1,58 @@
+"""Timing rounds: a cell measured in several interleaved rounds becomes one record with a median and a spread."""
+
+from __future__ import annotations
+
+import statistics
+
+# Rates whose rounds are kept: the median is the cell's figure, min and max its spread.
+RATES = ("throughput", "throughput_per_rank")
+# Peaks take the largest round: what must fit.
+PEAKS = (
+    "memory_gb",
+    "memory_reserved_gb",
+    "device_peak_allocated",
+    "device_peak_reserved",
+    "host_peak_gb",
+    "pinned_host_peak_gb",
+    "memory_worst_rank_gb",
+)
+
+
+def merge(rounds: list[dict], planned: int) -> dict:
+    """One record from the records of a cell's rounds so far: `ok` once all `planned` rounds are, else the
+    failed round's status, or `partial: k/n rounds` while rounds remain. Measured rounds are never dropped."""
+    ok = [r for r in rounds if r["status"] == "ok"]
+    last = rounds[-1]
+    if last["status"] != "ok" and not ok:
+        return dict(last, rounds=0)
+    record = dict(ok[0], metrics=dict(ok[0].get("metrics") or {}), rounds=len(ok))
+    m = record["metrics"]
+    for key in RATES:
+        values = [r["metrics"][key] for r in ok if isinstance((r.get("metrics") or {}).get(key), (int, float))]
+        if len(values) == len(ok):
+            m[key] = statistics.median(values)
+            m[f"{key}_rounds"] = values
+    times = [r["metrics"]["step_time_median"] for r in ok if "step_time_median" in (r.get("metrics") or {})]
+    if len(times) == len(ok):
+        m["step_time_median"] = statistics.median(times)
+        m["step_time_min"] = min(r["metrics"]["step_time_min"] for r in ok)
+        m["step_time_max"] = max(r["metrics"]["step_time_max"] for r in ok)
+        m["timed_steps"] = sum(r["metrics"].get("timed_steps", 0) for r in ok)
+    for key in PEAKS:
+        values = [r["metrics"][key] for r in ok if isinstance((r.get("metrics") or {}).get(key), (int, float))]
+        if values:
+            m[key] = max(values)
+    record["duration_s"] = sum(r.get("duration_s") or 0.0 for r in rounds)
+    if last["status"] != "ok":
+        record.update(status=last["status"], error=last.get("error"))
+    elif len(ok) < planned:
+        record["status"] = f"partial: {len(ok)}/{planned} rounds"
+    return record
+
+
+def spread(metrics: dict, key: str) -> tuple[float, float] | None:
+    """(min, max) of a rate's rounds, or None when it was measured once."""
+    values = metrics.get(f"{key}_rounds")
+    if not isinstance(values, list) or len(values) < 2:
+        return None
+    return min(values), max(values)
