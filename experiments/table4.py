@@ -15,7 +15,7 @@ PAPER_N = 4
 _UBATCH = {"paper": 64, "small": 32, "tiny": 16}  # micro-batch per rank
 
 
-@cell_kind("all-ranks-throughput")
+@cell_kind("all-ranks-throughput", timed=True)
 def all_ranks_throughput(run, device, cap) -> dict:
     """The throughput cell with samples/s over all ranks: each rank times the same lockstep step
     (layers all-reduce as they finish) but counts only its own shard of the global minibatch."""

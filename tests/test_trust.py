@@ -179,6 +179,14 @@ def test_rounds_interleave_the_cells_and_report_median_and_spread(tmp_path, monk
     assert "median of interleaved timing rounds" in (tmp_path / "trust-test.md").read_text()
 
 
+def test_kinds_that_time_a_rate_are_measured_in_rounds():
+    from suite.core.cell import TIMED
+    from suite.core.experiment import get_experiment
+
+    get_experiment("table4")  # registers its all-ranks throughput kind
+    assert {"throughput", "all-ranks-throughput"} <= TIMED and "finetune" not in TIMED
+
+
 def test_a_failed_round_keeps_the_rounds_measured_before_it():
     ok = {
         "status": "ok",

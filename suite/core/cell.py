@@ -15,15 +15,19 @@ from suite.config.errors import ConfigError
 
 CELL_KINDS = {}
 METHODLESS: set[str] = set()  # kinds that never build the cell's method (a projection): nothing of it to check
+TIMED = {"throughput"}  # kinds whose figure is a rate: measured in interleaved rounds
 
 
-def cell_kind(name: str, builds_method: bool = True):
-    """Register a function that runs a cell kind: (run, device, cap) -> metrics dict."""
+def cell_kind(name: str, builds_method: bool = True, timed: bool = False):
+    """Register a function that runs a cell kind: (run, device, cap) -> metrics dict. `timed`: its throughput
+    is the cell's figure, so a sweep measures it in rounds."""
 
     def deco(fn):
         CELL_KINDS[name] = fn
         if not builds_method:
             METHODLESS.add(name)
+        if timed:
+            TIMED.add(name)
         return fn
 
     return deco

@@ -16,7 +16,7 @@ from pathlib import Path
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.core import registry
-from suite.core.cell import check_cells
+from suite.core.cell import TIMED, check_cells
 from suite.core.experiment import Cell, Experiment, resolve_profile
 from suite.core.rounds import merge
 from suite.measure.machine import fingerprint
@@ -149,7 +149,7 @@ def run_cells(
     done: dict[str, list[dict]] = {c.key: [] for c in todo}
     for r in range(1, rounds + 1):
         for cell in todo:
-            planned = rounds if cell.kind == "throughput" else 1
+            planned = rounds if cell.kind in TIMED else 1
             if r > planned or (done[cell.key] and done[cell.key][-1]["status"] != "ok"):
                 continue  # measured once, or failed in an earlier round: its record is already final
             tag = tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")

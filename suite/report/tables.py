@@ -137,7 +137,8 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
             line.append(ours / b_ours if ours is not None and b_ours else None)
             if m.key in RATES:
                 theirs = spread(base, m.key)
-                line.append(own[0] <= theirs[1] and theirs[0] <= own[1] if own and theirs and b_ours else None)
+                apart = own and theirs and b_ours and cell.row.name != exp.baseline
+                line.append(own[0] <= theirs[1] and theirs[0] <= own[1] if apart else None)
             line.append(paper_number(paper) / b_paper if paper_number(paper) is not None and b_paper else None)
     return line
 
