@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import pytest
+from test_runner import TINY  # the one-block model the runner tests use
 
 from suite.cli import build_parser, main
 from suite.config.errors import ConfigError
@@ -22,17 +23,6 @@ from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-TINY = {
-    "model.layers": 1,
-    "model.hidden": 32,
-    "model.heads": 2,
-    "model.intermediate": 64,
-    "seq_len": 8,
-    "micro_batch_size": 2,
-    "num_micro_batches": 2,
-    "warmup": 0,
-    "steps": 1,
-}
 
 
 def make_experiment(rows, name="trust-test"):

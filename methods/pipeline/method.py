@@ -92,10 +92,12 @@ class PipelineMethod(Method):
         super().check_config(run)
         o = cls.resolved_options(run)
         d, w, m, layers = o["stages"], o["width"], run.num_micro_batches, run.model.resolved().layers + 2
-        if not 1 <= d <= layers:
+        if not run.model.pretrained and not 1 <= d <= layers:  # a pretrained folder's depth: the constructor's
             raise ConfigError(
                 f"stages={d}: the model has {layers} layers (embeddings, blocks, head), choose 1..{layers}"
             )
+        # Replicas split the micro-batches, not the samples of each: a stage replica then computes each
+        # micro-batch exactly as grad_accum does, and only the order of summing them differs.
         if w < 1 or m % w:
             fits = [k for k in range(1, m + 1) if m % k == 0]
             other = f", or num_micro_batches={w * -(-m // w)}" if w >= 1 else ""
@@ -103,7 +105,7 @@ class PipelineMethod(Method):
                 f"width={w} must divide num_micro_batches={m} (each replica pipeline runs an equal share of the "
                 f"micro-batches): choose width in {fits}{other}"
             )
-        if run.ranks != 1:
+        if run.ranks != 1:  # the rank count is stages x width; `ranks` is data parallelism, which width is
             raise ConfigError(f"ranks={run.ranks}: a pipeline takes its ranks from stages x width; keep ranks=1")
 
     def __init__(self, model, run, device):
@@ -114,15 +116,7 @@ class PipelineMethod(Method):
                 f"stages={d}: the model has {model.num_layers} layers (embeddings, blocks, head), "
                 f"choose 1..{model.num_layers}"
             )
-        # Replicas split the micro-batches, not the samples of each: a stage replica then computes each
-        # micro-batch exactly as grad_accum does, and only the order of summing them differs.
-        if w < 1 or run.num_micro_batches % w:
-            raise ConfigError(
-                f"width={w} must divide num_micro_batches={run.num_micro_batches} "
-                "(each replica pipeline runs an equal share of the micro-batches)"
-            )
-        if run.ranks != 1:  # the rank count is stages x width; `ranks` is data parallelism, which width is
-            raise ConfigError(f"ranks={run.ranks}: a pipeline takes its ranks from stages x width; keep ranks=1")
+        type(self).check_config(run)  # width and ranks; the stage bound above is the built model's own
         self.d, self.w, self.m = d, w, run.num_micro_batches // w
         self.ranges = split_layers(model, d)
         self.schedule = GENERATORS[self.schedule_name](d, self.m, self.schedule_steps)

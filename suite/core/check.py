@@ -78,10 +78,7 @@ class CheckResult:
 def build_method(run: RunConfig, device: torch.device | None = None):
     """Instantiate the method of `run` on a freshly seeded model."""
     cls = registry.get(run.method)
-    if run.precision not in cls.precisions:
-        from suite.config.errors import ConfigError
-
-        raise ConfigError(f"method {run.method!r} runs at precision {list(cls.precisions)}, not {run.precision!r}")
+    cls.check_config(run)  # the method's own constraints (precision, ranks), in one line
     device = device or resolve_device(run.device)
     return cls(build_model(run.model, run.seed), run, device)
 

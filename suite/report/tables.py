@@ -86,7 +86,7 @@ def _metrics(rec: dict | None) -> dict:
     return (rec or {}).get("metrics") or {}
 
 
-def columns(exp, records: list[dict | None]) -> list[Column]:
+def columns(exp) -> list[Column]:
     """The columns of one section: labels, status, sweep, then per metric ours (its rounds' spread when
     timed in rounds) / paper / ratio to the baseline ours (whether within noise) / paper."""
     cols = [Column("row", "row", _text), Column("method", "method", _text)]
@@ -119,7 +119,7 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
         cell.row.method,
         *[cell.row.labels.get(c, "") for c in exp.label_columns],
         status,
-        (rec or {}).get("sweep") if rec else None,
+        rec.get("sweep") if rec else None,
     ]
     for m in exp.metrics:
         # An oom record has metrics only when they say why (a projection's memory past its cap).
@@ -149,7 +149,7 @@ def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[
     base_rec = records[base_idx] if base_idx is not None else None
     base_row = cells[base_idx].row if base_idx is not None else None
     rows = [_values(exp, cell, rec, base_rec, base_row) for cell, rec in zip(cells, records)]
-    return [c.name for c in columns(exp, records)], rows
+    return [c.name for c in columns(exp)], rows
 
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit|Expired)\b.*")
@@ -194,7 +194,7 @@ def _machine_line(records) -> str:
 
 def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str]:
     """Markdown and CSV text of one section of an experiment's table, with its machine, notes and provenance."""
-    cols = columns(exp, records)
+    cols = columns(exp)
     _, rows = table_rows(exp, cells, records)
     buf = io.StringIO()
     csv.writer(buf).writerows([[c.name for c in cols], *[[("" if v is None else v) for v in r] for r in rows]])
