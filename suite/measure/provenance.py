@@ -13,6 +13,8 @@ import torch
 from suite.config.paths import ROOT
 from suite.measure.step import METHODOLOGY_VERSION
 
+CODE_PATHS = ("suite", "baselines", "methods", "experiments", "pyproject.toml")
+
 
 def _git(*args: str) -> str:
     try:
@@ -45,15 +47,19 @@ def device_info(device: torch.device) -> dict:
 
 def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
     """Everything needed to tell where and how a number was obtained."""
-    commit = _git("rev-parse", "HEAD")
+    commit, source = _git("rev-parse", "HEAD"), "git"
+    if commit:
+        # Code paths only, untracked files included: results/ changes as runs land and is not code.
+        dirty = bool(_git("status", "--porcelain", "--", *CODE_PATHS))
+    else:
+        source = "SUITE_COMMIT"
+        # A copy of the tree without .git (the GPU machine gets one): the launcher states what it sent.
+        commit = os.environ.get("SUITE_COMMIT", "")
+        dirty = {"0": False, "1": True}.get(os.environ.get("SUITE_DIRTY", ""))
     return {
         "commit": commit or None,
-        # Code paths only, untracked files included: results/ changes as runs land and is not code.
-        "dirty": bool(
-            _git("status", "--porcelain", "--", "suite", "baselines", "methods", "experiments", "pyproject.toml")
-        )
-        if commit
-        else None,
+        "dirty": dirty if commit else None,
+        "commit_from": source if commit else None,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": _version("transformers"),
