@@ -59,4 +59,4 @@ def test_measure_reports_cuda_peaks_and_the_cap_causes_oom():
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())

@@ -64,7 +64,9 @@ def apply_device_memory_cap(size: str | None, device: torch.device) -> int | Non
         total = torch.cuda.get_device_properties(device).total_memory
         if cap > total:
             raise ValueError(f"--device-memory {size} exceeds the device's {total / 2**30:.1f} GiB")
-        torch.cuda.set_per_process_memory_fraction(cap / total, device)
+        # torch 2.11 wants an index: a bare "cuda" means the current device.
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_per_process_memory_fraction(cap / total, index)
     return cap
 
 

@@ -47,15 +47,15 @@ def device_info(device: torch.device) -> dict:
 
 def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
     """Everything needed to tell where and how a number was obtained."""
-    commit, source = _git("rev-parse", "HEAD"), "git"
+    # A launcher that copied the tree to another machine (the GPU campaign) states what it sent: the .git
+    # that travels with such a copy can be stale, so its word wins over git's there.
+    commit, source = os.environ.get("SUITE_COMMIT", ""), "SUITE_COMMIT"
     if commit:
-        # Code paths only, untracked files included: results/ changes as runs land and is not code.
-        dirty = bool(_git("status", "--porcelain", "--", *CODE_PATHS))
-    else:
-        source = "SUITE_COMMIT"
-        # A copy of the tree without .git (the GPU machine gets one): the launcher states what it sent.
-        commit = os.environ.get("SUITE_COMMIT", "")
         dirty = {"0": False, "1": True}.get(os.environ.get("SUITE_DIRTY", ""))
+    else:
+        commit, source = _git("rev-parse", "HEAD"), "git"
+        # Code paths only, untracked files included: results/ changes as runs land and is not code.
+        dirty = bool(_git("status", "--porcelain", "--", *CODE_PATHS)) if commit else None
     return {
         "commit": commit or None,
         "dirty": dirty if commit else None,
