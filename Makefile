@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup lint format test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list clean-venv
+.PHONY: setup lint format test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list gpu-campaign clean-venv
 
 setup: $(STAMP)
 
@@ -41,6 +41,16 @@ test-cuda: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pytest -q --benchmark-only -m "not cuda"
 	$(PY) -m experiments.benchmarks.overhead
+
+# The GPU campaign (README "Running on a GPU"): STAGE=1|2|3|all, each stage one command of at most 9 minutes
+# that resumes where the last call stopped. It runs on the machine's own Python and torch (CUDA): nothing is
+# installed there. DRY=1 is its CPU rehearsal at tiny shapes, in this project's virtual environment.
+STAGE ?= all
+DRY ?=
+GPU_PY ?= python3
+CAMPAIGN_FLAGS ?=
+gpu-campaign: $(if $(DRY),$(STAMP))
+	PYTHONPATH=. $(if $(DRY),$(PY),$(GPU_PY)) -m suite campaign --stage $(STAGE) $(if $(DRY),--dry) $(CAMPAIGN_FLAGS)
 
 list: $(STAMP)
 	$(PY) -m suite list

@@ -147,6 +147,12 @@ def _plan(args) -> int:
     return 0 if preds and preds[0].fits else 1
 
 
+def _campaign(args) -> int:
+    from suite import campaign
+
+    return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -211,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="KEY=VALUE", help="model/run override, e.g. model.preset=bert-base"
     )
     pl.set_defaults(fn=_plan)
+    g = sub.add_parser("campaign", help="the GPU campaign: one stage (or all) of the paper-profile runs on a GPU")
+    g.add_argument("--stage", default="all", help="1 (environment, cuda tests), 2 (Tables 2, 3, 6), 3 (Table 5, ...)")
+    g.add_argument("--dry", action="store_true", help="the CPU rehearsal at tiny shapes: every stage's plumbing")
+    g.add_argument("--budget", type=float, default=540.0, help="seconds a stage may take; the rest resumes (540)")
+    g.add_argument("--rounds", type=int, metavar="N", help="timing rounds per throughput cell (the experiment's)")
+    g.add_argument("--out", default=os.environ.get("OUT"), help="folder for a copy of the results (default: $OUT)")
+    g.set_defaults(fn=_campaign)
     return p
 
 

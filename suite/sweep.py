@@ -23,11 +23,23 @@ def sweep(
     timeout: float | None = None,
     progress=print,
     rounds: int | None = None,
+    deadline: float | None = None,
 ) -> list[dict]:
     """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     cells, records = run_cells(
-        exp, profile, only, force, device_memory, overrides, wandb_mode, results_dir, timeout, progress, rounds
+        exp,
+        profile,
+        only,
+        force,
+        device_memory,
+        overrides,
+        wandb_mode,
+        results_dir,
+        timeout,
+        progress,
+        rounds,
+        deadline,
     )
     md_path, csv_path = tables.write_tables(exp, results_dir)
     progress(f"wrote {md_path} and {csv_path}")

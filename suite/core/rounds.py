@@ -47,7 +47,22 @@ def merge(rounds: list[dict], planned: int) -> dict:
         record.update(status=last["status"], error=last.get("error"))
     elif len(ok) < planned:
         record["status"] = f"partial: {len(ok)}/{planned} rounds"
+        # Kept so that a later call (a GPU campaign stage cut at its deadline) resumes the remaining rounds.
+        record["round_records"] = [{k: r.get(k) for k in ROUND_FIELDS} for r in ok]
     return record
+
+
+ROUND_FIELDS = ("status", "metrics", "provenance", "duration_s")
+
+
+def resumable(record: dict | None, methodology: str) -> list[dict]:
+    """The measured rounds of a partial record made by the same methodology, to continue from; else none."""
+    if not record or not str(record.get("status", "")).startswith("partial"):
+        return []
+    rounds = record.get("round_records") or []
+    if any((r.get("provenance") or {}).get("methodology") != methodology for r in rounds):
+        return []
+    return [dict(r) for r in rounds if r.get("status") == "ok"]
 
 
 def spread(metrics: dict, key: str) -> tuple[float, float] | None:

@@ -18,8 +18,9 @@ from suite.config.errors import ConfigError
 from suite.core import registry
 from suite.core.cell import TIMED, check_cells
 from suite.core.experiment import Cell, Experiment, resolve_profile
-from suite.core.rounds import merge
+from suite.core.rounds import merge, resumable
 from suite.measure.machine import fingerprint
+from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store, tracking
 
 
@@ -108,10 +109,15 @@ def run_cells(
     timeout: float | None = None,
     progress=print,
     rounds: int | None = None,
+    deadline: float | None = None,
 ) -> tuple[list[Cell], list[dict]]:
     """Run (or reuse) every cell of `exp` on this machine, write one record and one W&B run per cell; returns
     (cells, records). Throughput cells run `rounds` times (the experiment's default), the cells of one round
     after another (ABC ABC ABC) so that drift hits all alike. A record is reused only on the machine that made it.
+
+    A partial record (rounds left when a call ended) resumes: its measured rounds are kept and only the missing
+    ones run, in its own sweep. With a `deadline` (epoch seconds) no cell-round starts that the longest one seen
+    so far would carry past it; the cells left are reported and a later call resumes them.
 
     The tables are the face's to render (suite.sweep): the engine stands below the reports."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
@@ -129,9 +135,13 @@ def run_cells(
         c.key: f"[{i}/{len(cells)}] {exp.name}/{c.row.name} ({c.row.method}, {profile})" for i, c in enumerate(cells, 1)
     }
     records: dict[str, dict] = {}
-    todo = []
+    todo, done = [], {}
     for cell in cells:
         cached = store.load(results_dir, cell.key, here, warn=progress)
+        kept = [] if force else resumable(cached, METHODOLOGY_VERSION)
+        if kept:
+            done[cell.key] = kept
+            sweep_id = cached.get("sweep") or sweep_id  # the rounds go on in the sweep they began in
         if cached and cached["status"] in store.FINISHED and not force:
             progress(f"{tags[cell.key]}: {cached['status']} (cached on {here}, {cell.key})")
             records[cell.key] = cached
@@ -146,16 +156,21 @@ def run_cells(
             f"measuring {len(todo)} cell(s) on {here}, sweep {sweep_id}: throughput cells in {rounds} "
             "interleaved round(s)"
         )
-    done: dict[str, list[dict]] = {c.key: [] for c in todo}
+    done = {c.key: done.get(c.key, []) for c in todo}
+    longest, left = 0.0, []
     for r in range(1, rounds + 1):
         for cell in todo:
             planned = rounds if cell.kind in TIMED else 1
-            if r > planned or (done[cell.key] and done[cell.key][-1]["status"] != "ok"):
-                continue  # measured once, or failed in an earlier round: its record is already final
+            if r > planned or len(done[cell.key]) >= r or (done[cell.key] and done[cell.key][-1]["status"] != "ok"):
+                continue  # measured once, resumed past this round, or failed earlier: nothing to run
             tag = tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
+            if deadline is not None and (left or time.time() + longest > deadline):
+                left.append(tag)
+                continue
             progress(f"{tag}: running ...")
             started = time.time()
             done[cell.key].append(run_cell(cell, timeout))
+            longest = max(longest, time.time() - started)
             record = _finish(merge(done[cell.key], planned), cell, exp, profile, variant, fp, sweep_id, results_dir)
             m = record.get("metrics") or {}
             shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
@@ -178,7 +193,10 @@ def run_cells(
             records[cell.key] = record
             if record["status"] == "error: interrupted":
                 raise KeyboardInterrupt
-    return cells, [records[c.key] for c in cells]
+    if left:
+        progress(f"deadline reached: {len(left)} cell-round(s) left for the next call (the same command resumes them)")
+    pending = {"status": "pending: left at the deadline", "metrics": {}, "provenance": None}
+    return cells, [records.get(c.key) or store.load(results_dir, c.key, here) or pending for c in cells]
 
 
 def _finish(

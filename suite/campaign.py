@@ -1,0 +1,281 @@
+"""The GPU campaign: a lent GPU's minutes turned into committed results, in resumable stages of one command each."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from suite.config import paths
+from suite.config.errors import ConfigError
+from suite.core.experiment import get_experiment
+from suite.measure.machine import describe, fingerprint
+from suite.sweep import sweep
+
+BUDGET_S = 540.0  # a stage's default: inside the GPU machine's 10-minute command limit, with a margin
+# The tests that need CUDA: equivalence at FP32 (TF32 off), L2L-CMP, the copy/compute overlap seen by CUDA
+# events, pinned asynchronous copies, the emulated cap's OOM recorded as `oom`, NCCL where two GPUs exist.
+CUDA_TESTS = (
+    "tests/test_cuda.py",
+    "tests/l2l/test_l2l_cuda.py",
+    "tests/pipeline/test_pipeline_exec_cuda.py",
+    "tests/test_campaign_cuda.py",
+)
+BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One experiment's cells at the campaign's profile (`only` rows, or all); `dry_only` at the dry run."""
+
+    experiment: str
+    only: tuple[str, ...] | None = None
+    dry_only: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one call of at most BUDGET_S seconds runs, in order; a stage cut at its deadline resumes."""
+
+    title: str
+    sweeps: tuple[Sweep, ...] = ()
+    cuda_tests: bool = False
+    bench: bool = False
+    counted: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+
+STAGES = {
+    1: Stage("environment report and every cuda test", cuda_tests=True),
+    2: Stage(
+        "paper-profile cells of L2L Tables 2, 3 and 6 (BERT-Large shapes, random weights) under the 16 GB cap",
+        sweeps=(
+            Sweep("table2", dry_only=("baseline-fp32",)),
+            Sweep("table3", dry_only=("l2l-cmp-u1",)),
+            Sweep("table6", dry_only=("turing-17b",)),
+        ),
+    ),
+    3: Stage(
+        "Table 5 to 384 layers, Table 4's one-GPU rows, the host-optimizer benchmark, counted against measured",
+        sweeps=(
+            Sweep("table5", dry_only=("stash-cpu-x1",)),
+            Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
+        ),
+        bench=True,
+        counted=True,
+    ),
+}
+
+
+def campaign_dir(results_dir: Path, machine: str) -> Path:
+    """Where a machine's stage reports live, beside its records."""
+    return results_dir / "campaign" / machine
+
+
+def environment(fp: dict) -> dict:
+    """The report stage 1 writes: the machine, its GPU as nvidia-smi sees it, and the versions that matter."""
+    smi = ""
+    try:
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        smi = "nvidia-smi: not available"
+    versions = {}
+    for pkg in ("torch", "transformers", "datasets", "wandb", "pytest", "pytest-benchmark", "numpy"):
+        try:
+            from importlib import metadata
+
+            versions[pkg] = metadata.version(pkg)
+        except Exception:  # noqa: BLE001 — absent is an answer (the GPU image has no datasets, no wandb)
+            versions[pkg] = None
+    return {
+        "machine": fp,
+        "described": describe(fp),
+        "python": sys.version,
+        "platform": platform.platform(),
+        "versions": versions,
+        "nvidia_smi": smi,
+        "suite_commit": os.environ.get("SUITE_COMMIT"),
+    }
+
+
+def _pytest(files: tuple[str, ...], marker: str, report: Path, extra: list[str], budget: float) -> dict:
+    """Run pytest on `files` with `marker`; returns the counts from its junit report and its tail."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-m", marker, f"--junitxml={report}", *extra, *files]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")]))}
+    started = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=max(budget, 30.0))
+        tail, code = (proc.stdout + proc.stderr)[-6000:], proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        tail, code = f"timeout after {budget:.0f}s: {str(exc.stdout or '')[-3000:]}", "timeout"
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    if report.exists():
+        import xml.etree.ElementTree as ET
+
+        for case in ET.parse(report).getroot().iter("testcase"):
+            kids = {child.tag for child in case}
+            key = (
+                "failed"
+                if "failure" in kids
+                else "errors"
+                if "error" in kids
+                else "skipped"
+                if "skipped" in kids
+                else "passed"
+            )
+            counts[key] += 1
+    collected = re.search(r"(\d+)(?:/\d+)? tests? collected", tail)
+    counts["collected"] = int(collected.group(1)) if collected else None
+    return {"command": " ".join(cmd), "exit": code, "seconds": round(time.time() - started, 1), **counts, "tail": tail}
+
+
+def _summary_line(stage: int, exp: str, record: dict, row: str) -> str:
+    m = record.get("metrics") or {}
+    figures = ", ".join(
+        f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb", "host_peak_gb") if isinstance(m.get(k), (int, float))
+    )
+    return f"stage {stage} | {exp}/{row} | {record.get('status')}" + (f" | {figures}" if figures else "")
+
+
+def run_stage(
+    number: int,
+    dry: bool = False,
+    budget: float = BUDGET_S,
+    results_dir: Path | None = None,
+    rounds: int | None = None,
+    wandb_mode: str | None = "off",
+    out: str | None = None,
+    progress=print,
+) -> dict:
+    """Run one stage until its work is done or its budget is spent; write its report (and a copy under `out`)."""
+    if number not in STAGES:
+        raise ConfigError(f"--stage {number}: the campaign has stages {sorted(STAGES)} (or 'all')")
+    # The rehearsal's tiny records must never pass for a table's own: they go to a scratch folder.
+    results_dir = Path(
+        results_dir or (Path(paths.RESULTS_DIR) / ".cache" / "campaign-dry" if dry else paths.RESULTS_DIR)
+    )
+    stage, started = STAGES[number], time.time()
+    deadline = started + budget
+    fp = fingerprint()
+    if not dry and fp["gpu"] is None:
+        raise ConfigError(
+            f"stage {number} needs a CUDA device and this machine has none ({fp['slug']}); "
+            "give --dry for the CPU rehearsal at tiny shapes"
+        )
+    here = campaign_dir(results_dir, fp["slug"])
+    here.mkdir(parents=True, exist_ok=True)
+    profile = "tiny" if dry else "paper"
+    report: dict = {
+        "stage": number,
+        "title": stage.title,
+        "dry": dry,
+        "profile": profile,
+        "machine": fp["slug"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "budget_s": budget,
+        "suite_commit": os.environ.get("SUITE_COMMIT"),
+        "cells": [],
+        "left": [],
+    }
+    progress(f"stage {number}: {stage.title} ({'dry run, tiny' if dry else 'paper'} on {fp['slug']})")
+    if number == 1:
+        env = environment(fp)
+        (here / "environment.json").write_text(json.dumps(env, indent=1, default=str))
+        progress(env["described"])
+    if stage.cuda_tests:
+        marker, extra = ("cuda", []) if not dry else ("cuda", ["--collect-only"])
+        report["cuda_tests"] = _pytest(CUDA_TESTS, marker, here / "cuda-tests.xml", extra, deadline - time.time())
+        t = report["cuda_tests"]
+        progress(
+            f"stage {number} | cuda tests | {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+            f"{t['skipped']} skipped in {t['seconds']}s"
+            + (f" (dry: {t['collected']} collected, not run)" if dry else "")
+        )
+    for s in stage.sweeps:
+        exp = get_experiment(s.experiment)
+        only = list(s.dry_only) if dry else (list(s.only) if s.only else None)
+        if time.time() >= deadline:
+            report["left"].append(s.experiment)
+            continue
+        records = sweep(
+            exp,
+            profile=profile,
+            only=only,
+            wandb_mode=wandb_mode,
+            results_dir=results_dir,
+            progress=progress,
+            rounds=1 if dry else rounds,
+            deadline=deadline,
+        )
+        for row in exp.rows(profile):
+            if row.skip and (only is None or row.name in only):  # a row with no cell here says why
+                report["cells"].append({"experiment": s.experiment, "row": row.name, "status": f"skipped: {row.skip}"})
+                progress(f"stage {number} | {s.experiment}/{row.name} | skipped: {row.skip}")
+        cells = exp.cells(profile, only, None, None)
+        for cell, record in zip(cells, records):
+            line = _summary_line(number, s.experiment, record, cell.row.name)
+            report["cells"].append(
+                {"experiment": s.experiment, "row": cell.row.name, "key": cell.key, "status": record.get("status")}
+            )
+            progress(line)
+            if str(record.get("status", "")).startswith(("pending", "partial")):
+                report["left"].append(f"{s.experiment}/{cell.row.name}")
+    if stage.bench:
+        if time.time() < deadline:
+            extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
+            report["bench"] = _pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
+            progress(f"stage {number} | host-optimizer benchmark | exit {report['bench']['exit']}")
+        else:
+            report["left"].append("host-optimizer benchmark")
+    if stage.counted:
+        report["counted_vs_measured"] = "not run: the counting measurement (--measure count) does not exist yet"
+        progress(f"stage {number} | counted against measured | {report['counted_vs_measured']}")
+    report["seconds"] = round(time.time() - started, 1)
+    report["done"] = not report["left"] and all(
+        (report.get(k) or {}).get("exit") in (0, None) for k in ("cuda_tests", "bench")
+    )
+    (here / f"stage-{number}.json").write_text(json.dumps(report, indent=1, default=str))
+    progress(
+        f"stage {number}: {'done' if report['done'] else 'not done'} in {report['seconds']}s"
+        + (f"; left for the next call: {', '.join(report['left'])}" if report["left"] else "")
+    )
+    if out:
+        progress(f"copied to {pack(results_dir, fp['slug'], number, Path(out))}")
+    return report
+
+
+def pack(results_dir: Path, machine: str, number: int, out: Path) -> Path:
+    """One archive of this machine's records, stage reports and the tables, for a lent machine's $OUT."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"campaign-{machine}-stage-{number}.tgz"
+    with tarfile.open(path, "w:gz") as tar:
+        for sub in (Path("runs") / machine, Path("campaign") / machine):
+            if (results_dir / sub).exists():
+                tar.add(results_dir / sub, arcname=str(Path("results") / sub))
+        for table in sorted(results_dir.glob("*.md")) + sorted(results_dir.glob("*.csv")):
+            tar.add(table, arcname=str(Path("results") / table.name))
+    return path
+
+
+def run(stages: str, dry: bool, budget: float, rounds: int | None, out: str | None, results_dir=None) -> int:
+    """`all` or one stage number; returns 0 when every stage ran is done."""
+    numbers = sorted(STAGES) if stages == "all" else [_stage_number(stages)]
+    reports = [run_stage(n, dry, budget, results_dir, rounds, out=out) for n in numbers]
+    return 0 if all(r["done"] for r in reports) else 1
+
+
+def _stage_number(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number not in STAGES:
+        raise ConfigError(f"--stage {text!r}: give one of {sorted(STAGES)} or 'all'")
+    return number

@@ -1,0 +1,95 @@
+"""The GPU campaign on CPU: the dry run exercises every stage, a stage cut at its deadline resumes, bad input fails."""
+
+import json
+import tarfile
+import types
+
+from test_runner import make_experiment
+
+from suite import campaign, cli
+from suite.core import runner
+from suite.core.experiment import Row
+from suite.measure.step import METHODOLOGY_VERSION
+from suite.sweep import sweep
+
+
+def test_dry_campaign_runs_every_stage_and_packs_its_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_MACHINE", "dry-machine")
+    out, results = tmp_path / "out", tmp_path / "results"
+    seen = []
+    reports = [
+        campaign.run_stage(n, dry=True, results_dir=results, out=str(out), progress=seen.append) for n in (1, 2, 3)
+    ]
+    assert all(r["done"] for r in reports), [(r["stage"], r["left"]) for r in reports]
+    here = results / "campaign" / "dry-machine"
+    env = json.loads((here / "environment.json").read_text())
+    assert env["machine"]["slug"] == "dry-machine" and env["versions"]["torch"]
+    assert reports[0]["cuda_tests"]["collected"] >= 10 and reports[0]["cuda_tests"]["exit"] == 0
+    # every sweep's cells got a record and a summary line; stage 3 says what it could not run
+    cells = [c for r in reports for c in r["cells"]]
+    assert {c["experiment"] for c in cells} == {"table2", "table3", "table6", "table5", "table4"}
+    assert all(c["status"] == "ok" or c["status"].startswith("skipped") for c in cells), cells
+    assert sum(m.startswith("stage ") and " | table" in m for m in seen) == len(cells)
+    assert "does not exist yet" in reports[2]["counted_vs_measured"]
+    # each stage's archive carries this machine's records and reports for the machine that lent the GPU
+    for n in (1, 2, 3):
+        with tarfile.open(out / f"campaign-dry-machine-stage-{n}.tgz") as tar:
+            names = tar.getnames()
+        assert f"results/campaign/dry-machine/stage-{n}.json" in names
+    assert any(n.startswith("results/runs/dry-machine/") and n.endswith(".json") for n in names)
+
+
+def _fake_cell(throughputs: dict, order: list, clock: list):
+    def run_cell(cell, timeout=None):
+        order.append(cell.row.name)
+        clock[0] += 10.0  # each cell-round takes ten (fake) seconds
+        tp = throughputs[cell.row.name].pop(0)
+        metrics = {"throughput": tp, "step_time_median": 1 / tp, "step_time_min": 1 / tp, "step_time_max": 1 / tp}
+        prov = {"methodology": METHODOLOGY_VERSION, "commit": "c0ffee"}
+        return {"status": "ok", "metrics": {**metrics, "timed_steps": 1}, "error": None, "provenance": prov}
+
+    return run_cell
+
+
+def test_a_sweep_cut_at_its_deadline_resumes_its_rounds_in_the_same_sweep(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    clock, order = [1000.0], []
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(
+        runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0], "b": [20.0, 30.0, 25.0]}, order, clock)
+    )
+    exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
+    seen = []
+    first = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=3, deadline=1035.0)
+    # a, b, a ran (30 s); b's second round would end past the deadline, so it and the rest wait
+    assert order == ["a", "b", "a"]
+    assert [r["status"] for r in first] == ["partial: 2/3 rounds", "partial: 1/3 rounds"]
+    assert any("deadline reached: 3 cell-round(s) left" in m for m in seen)
+    again = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=3)
+    assert order[3:] == ["b", "a", "b"]  # only the missing rounds, still interleaved
+    a, b = again
+    assert a["status"] == b["status"] == "ok" and a["rounds"] == 3
+    assert a["metrics"]["throughput_rounds"] == [10.0, 12.0, 11.0] and b["metrics"]["throughput"] == 25.0
+    assert a["sweep"] == b["sweep"] == first[0]["sweep"]  # one sweep, continued
+    assert "round_records" not in a
+
+
+def test_rounds_of_another_methodology_are_not_resumed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    clock, order = [0.0], []
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0, 13.0]}, order, clock))
+    exp = make_experiment([Row("a", "grad_accum")])
+    sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=2, deadline=15.0)
+    monkeypatch.setattr(runner, "METHODOLOGY_VERSION", METHODOLOGY_VERSION + "-next")
+    (rec,) = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=2)
+    assert order == ["a", "a", "a"] and rec["metrics"]["throughput_rounds"] == [12.0, 11.0]
+
+
+def test_bad_stage_and_a_gpu_stage_without_a_gpu_fail_in_one_line(capsys, monkeypatch):
+    assert cli.main(["campaign", "--stage", "4"]) == 2
+    assert "--stage '4': give one of [1, 2, 3] or 'all'" in capsys.readouterr().err
+    monkeypatch.setattr(campaign, "fingerprint", lambda: {"slug": "cpu-box", "gpu": None})
+    assert cli.main(["campaign", "--stage", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs a CUDA device" in err and "--dry" in err

@@ -1,0 +1,73 @@
+"""What the GPU campaign's stage 1 proves beyond the other cuda tests: FP32 equivalence with TF32 off, pinned
+asynchronous copies, and a capped cell that runs out of memory recorded as `oom` by the runner."""
+
+import pytest
+import torch
+
+from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import build_method, check
+from suite.core.experiment import get_experiment
+from suite.core.runner import run_cell
+from suite.harness.data import synthetic_batches
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture
+def tf32_off():
+    """TF32 off for matmuls and cuDNN (an Ampere+ GPU would otherwise round FP32 inputs to 10 mantissa bits)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize(
+    "method,options",
+    [
+        ("l2l", {"stash": "cpu", "overlap": "on"}),
+        ("gpipe", {"stages": 2}),
+        ("pipedream-flush", {"stages": 2}),
+    ],
+)
+def test_fp32_equivalence_with_tf32_off(tf32_off, method, options):
+    run = RunConfig(
+        method=method,
+        device="cuda",
+        model=ModelConfig(layers=4),
+        seq_len=32,
+        micro_batch_size=2,
+        num_micro_batches=4,
+        options=options,
+    )
+    assert not torch.backends.cuda.matmul.allow_tf32
+    result = check(run, "grad_accum", steps=3)
+    assert result.passed, result.report(top=5)
+
+
+@pytest.mark.parametrize("method", ["l2l", "l2l-cmp"])
+def test_every_buffer_that_crosses_the_bus_is_pinned(method):
+    run = RunConfig(
+        method=method,
+        device="cuda",
+        precision="fp32" if method == "l2l" else "fp16",
+        model=ModelConfig(layers=4),
+        seq_len=32,
+        micro_batch_size=2,
+        num_micro_batches=2,
+        options={"stash": "cpu"},
+    ).validate()
+    m = build_method(run)
+    batches = synthetic_batches(run)
+    m.step(next(batches))
+    torch.cuda.synchronize()
+    moving = list(m.server.wire) + list(m.server.landing) + list(m.stash.host.values())
+    assert m.stash.host, "stash=cpu kept nothing on the host"
+    assert moving and all(t.is_pinned() for t in moving)
+
+
+def test_capped_cell_out_of_memory_is_recorded_as_oom():
+    exp = get_experiment("table2")
+    (cell,) = exp.cells("tiny", ["baseline-fp32"], ["device=cuda", "model.preset=bert-base", "seq_len=128"], "64MiB")
+    record = run_cell(cell, timeout=300)
+    assert record["status"] == "oom", record.get("error", "")[-2000:]
