@@ -77,10 +77,11 @@ def test_equivalence_on_cuda(options):
 
 @pytest.mark.cuda
 def test_device_memory_flat_in_depth_on_cuda():
-    # What the method adds on the device, from what the process held before it was built: an earlier
-    # test's leftovers (freed or not in between) must not count for or against either depth.
+    # What the method adds on the device over what the process held before it was built. The first
+    # depth is run twice and its first run dropped: the first matmuls on each stream allocate cuBLAS's
+    # workspaces (68 MB on an H100), once per process, which would count against whichever depth ran first.
     peaks, block = [], 0
-    for layers in (4, 16):
+    for layers in (4, 4, 16):
         gc.collect()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()
@@ -102,4 +103,4 @@ def test_device_memory_flat_in_depth_on_cuda():
         block = sum(p.numel() * 4 for p in m.model.layers[1].parameters())
         del m
         torch.cuda.empty_cache()
-    assert abs(peaks[1] - peaks[0]) < block, (peaks, block)
+    assert abs(peaks[2] - peaks[1]) < block, (peaks, block)
