@@ -93,3 +93,16 @@ def test_bad_stage_and_a_gpu_stage_without_a_gpu_fail_in_one_line(capsys, monkey
     assert cli.main(["campaign", "--stage", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs a CUDA device" in err and "--dry" in err
+
+
+def test_partial_figures_are_shown_as_partial_and_a_smaller_ask_finishes_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    clock, order = [0.0], []
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0]}, order, clock))
+    exp = make_experiment([Row("a", "grad_accum")])
+    sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=3, deadline=25.0)
+    table = (tmp_path / "runner-test.md").read_text()
+    assert "| partial: 2/3 rounds |" in table and "| 11.00 |" in table and "10.00-12.00" in table
+    (rec,) = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=2)
+    assert order == ["a", "a"] and rec["status"] == "ok" and rec["rounds"] == 2

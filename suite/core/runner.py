@@ -157,6 +157,12 @@ def run_cells(
             "interleaved round(s)"
         )
     done = {c.key: done.get(c.key, []) for c in todo}
+    for cell in [c for c in todo if len(done[c.key]) >= (rounds if c.kind in TIMED else 1)]:
+        todo.remove(cell)  # resumed with as many rounds as this call asks for: finish it as it stands
+        planned = len(done[cell.key])
+        records[cell.key] = _finish(
+            merge(done[cell.key], planned), cell, exp, profile, variant, fp, sweep_id, results_dir
+        )
     longest, left = 0.0, []
     for r in range(1, rounds + 1):
         for cell in todo:

@@ -15,7 +15,7 @@ from suite.config.run import RunConfig
 from suite.core.experiment import Cell
 from suite.core.rounds import RATES, spread
 from suite.measure.machine import describe
-from suite.records.store import FINISHED, all_records, machine_of
+from suite.records.store import all_records, machine_of
 
 
 @dataclass
@@ -123,7 +123,7 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
     ]
     for m in exp.metrics:
         # An oom record has metrics only when they say why (a projection's memory past its cap).
-        ours, paper = _num(metrics.get(m.key)) if status in FINISHED else None, cell.row.paper.get(m.key)
+        ours, paper = _num(metrics.get(m.key)) if measured(status) else None, cell.row.paper.get(m.key)
         line.append(ours)
         own = spread(metrics, m.key) if ours is not None else None
         if m.key in RATES:
@@ -132,7 +132,9 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
             line.append(paper)
         if m.ratio:
             base = _metrics(base_rec)
-            b_ours = _num(base.get(m.key)) if base_rec and base_rec.get("status") == "ok" and same_sweep else None
+            b_ours = (
+                _num(base.get(m.key)) if base_rec and measured(base_rec["status"], oom=False) and same_sweep else None
+            )
             b_paper = paper_number(base_row.paper.get(m.key)) if base_row else None
             line.append(ours / b_ours if ours is not None and b_ours else None)
             if m.key in RATES:
@@ -141,6 +143,11 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
                 line.append(own[0] <= theirs[1] and theirs[0] <= own[1] if apart else None)
             line.append(paper_number(paper) / b_paper if paper_number(paper) is not None and b_paper else None)
     return line
+
+
+def measured(status: str, oom: bool = True) -> bool:
+    """Whether a record's figures are shown: finished, or partial (the rounds measured before a call ended)."""
+    return status == "ok" or (oom and status == "oom") or status.startswith("partial")
 
 
 def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[list[Any]]]:
@@ -222,6 +229,12 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
         md += [
             "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
             "row's and the baseline's min-max spreads overlap, so the ratio does not tell them apart.",
+            "",
+        ]
+    if any(r and str(r.get("status", "")).startswith("partial") for r in records):
+        md += [
+            "`partial: k/n rounds`: the figures are those of the k rounds measured before the call that ran "
+            "them ended (a GPU campaign stage at its deadline); the same command resumes the other rounds.",
             "",
         ]
     if exp.notes:
