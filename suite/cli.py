@@ -61,6 +61,7 @@ def _run(args) -> int:
 
 
 def _check(args) -> int:
+    from suite.config.launch import torchrun_command
     from suite.config.run import RunConfig, apply_overrides
     from suite.core import registry
     from suite.core.check import check, default_precision
@@ -80,22 +81,9 @@ def _check(args) -> int:
         module = getattr(cls, "dist_check_module", None)
         if module is None:
             raise ConfigError(f"{args.method} needs {world} ranks and has no multi-rank check")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={world}",
-            "-m",
-            module,
-            "--method",
-            args.method,
-            "--against",
-            args.against,
-            "--steps",
-            str(args.steps),
-        ]
-        return subprocess.call(cmd + [x for s in args.set or [] for x in ("--set", s)])
+        argv = ["--method", args.method, "--against", args.against, "--steps", str(args.steps)]
+        argv += [x for s in args.set or [] for x in ("--set", s)]
+        return subprocess.call(torchrun_command(world, module, argv))
     result = check(run, args.against, args.steps)
     print(result.report())
     return 0 if result.passed else 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from suite.config import paths
 from suite.config.errors import ConfigError
+from suite.config.launch import torchrun_command
 from suite.core import registry
 from suite.core.cell import TIMED, check_cells
 from suite.core.experiment import Cell, Experiment, resolve_profile
@@ -27,17 +28,7 @@ def _command(cell: Cell, cfg_path: str, out_path: str) -> list[str]:
     guard = [sys.executable, "-m", "suite.core.orphans", str(os.getpid())]  # dies with this runner
     world = registry.get(cell.run.method).world_size(cell.run)
     if world > 1:  # torchrun also spans several machines when launched there
-        return guard + [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={world}",
-            "-m",
-            "suite.core.cell",
-            cfg_path,
-            out_path,
-        ]
+        return guard + torchrun_command(world, "suite.core.cell", [cfg_path, out_path])
     return guard + [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
 
 
