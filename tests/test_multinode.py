@@ -216,3 +216,33 @@ def test_two_agents_on_this_machine_as_two_nodes_run_a_pipeline_and_an_l2l_cell(
     assert (
         "## tiny profile on test-machine (cpu device), nnodes=2" in (tmp_path / "node0" / "runner-test.md").read_text()
     )
+
+
+@pytest.mark.slow
+def test_the_pipeline_equivalence_check_across_two_nodes_is_bitwise():
+    endpoint = f"127.0.0.1:{free_port()}"
+    model = ["model.layers=2", "model.hidden=32", "model.heads=2", "model.intermediate=64", "seq_len=8"]
+    sets = [x for s in ["executor=dist", "stages=2", *model] for x in ("--set", s)]
+    cmd = [sys.executable, "-m", "suite", "check", "gpipe", "--steps", "2", *sets, "--nnodes", "2"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--rdzv-endpoint", endpoint],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert "PASS: largest 0.000e+00" in "".join(outs)  # one rank per stage: the reference's bits
