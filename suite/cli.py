@@ -33,10 +33,20 @@ def _list(args) -> int:
     return 0
 
 
+def _nodes(args, needs_node_rank: bool):
+    """The nodes a multi-rank launch spans: the command-line options over SUITE_NNODES, SUITE_NODE_RANK,
+    SUITE_RDZV_ENDPOINT and SUITE_RDZV_ID; validated before anything starts."""
+    from suite.config.launch import Nodes
+
+    given = {k: getattr(args, k, None) for k in ("nnodes", "node_rank", "endpoint", "rdzv_id")}
+    return Nodes.from_env(**given).validate(needs_node_rank)
+
+
 def _run(args) -> int:
     from suite.core.experiment import get_experiment
     from suite.sweep import sweep
 
+    nodes = _nodes(args, needs_node_rank=True)
     exp = get_experiment(args.experiment)
     if args.data_dir:  # read by the GLUE experiments (in this process and, inherited, in the cells)
         if not os.path.isdir(args.data_dir):
@@ -55,17 +65,20 @@ def _run(args) -> int:
         wandb_mode=args.wandb,
         timeout=args.timeout,
         rounds=args.rounds,
+        nodes=nodes,
     )
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
     return 1 if bad and args.strict else 0
 
 
 def _check(args) -> int:
+    from suite.config.launch import torchrun_command
     from suite.config.run import RunConfig, apply_overrides
     from suite.core import registry
     from suite.core.check import check, default_precision
     from suite.harness.device import resolve_device
 
+    nodes = _nodes(args, needs_node_rank=False)
     cls = registry.get(args.method)
     args.against = args.against or cls.reference  # a method's own reference by default (2BW: its delayed one)
     registry.get(args.against)
@@ -75,27 +88,17 @@ def _check(args) -> int:
     world = cls.world_size(run)
     if world > 1:  # constraints of several ranks fail here, in one line, before torchrun starts them
         cls.check_config(run.validate())
+        nodes.ranks_per_node(world, f"{args.method}: ")
+    elif nodes.multi:
+        raise ConfigError(f"{args.method} runs on one rank here: drop --nnodes (or check a multi-rank configuration)")
     if world > 1 and "RANK" not in os.environ:
         # Several ranks: the method's own torchrun check (it also proves the ranks agree).
         module = getattr(cls, "dist_check_module", None)
         if module is None:
             raise ConfigError(f"{args.method} needs {world} ranks and has no multi-rank check")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={world}",
-            "-m",
-            module,
-            "--method",
-            args.method,
-            "--against",
-            args.against,
-            "--steps",
-            str(args.steps),
-        ]
-        return subprocess.call(cmd + [x for s in args.set or [] for x in ("--set", s)])
+        argv = ["--method", args.method, "--against", args.against, "--steps", str(args.steps)]
+        argv += [x for s in args.set or [] for x in ("--set", s)]
+        return subprocess.call(torchrun_command(world, module, argv, nodes))
     result = check(run, args.against, args.steps)
     print(result.report())
     return 0 if result.passed else 1
@@ -153,6 +156,28 @@ def _campaign(args) -> int:
     return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out)
 
 
+def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:
+    g = p.add_argument_group(
+        "several nodes",
+        "multi-rank cells span NNODES machines (torchrun's c10d rendezvous); run the same command on each",
+    )
+    g.add_argument("--nnodes", type=int, metavar="K", help="machines the ranks span (default 1, or SUITE_NNODES)")
+    if node_rank:
+        g.add_argument(
+            "--node-rank",
+            type=int,
+            metavar="R",
+            help="this machine: 0 at the rendezvous endpoint (writes the records), 1..K-1 the others (SUITE_NODE_RANK)",
+        )
+    g.add_argument(
+        "--rdzv-endpoint",
+        dest="endpoint",
+        metavar="HOST:PORT",
+        help="node 0's address and a free port (SUITE_RDZV_ENDPOINT)",
+    )
+    g.add_argument("--rdzv-id", metavar="ID", help="the rendezvous id (prefix), the same on every node (SUITE_RDZV_ID)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -179,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="timing rounds of each throughput cell, interleaved across the cells (default: the experiment's, 3)",
     )
+    _node_options(r, node_rank=True)
     r.set_defaults(fn=_run)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
     c.add_argument("method", help="a registered method (python -m suite list)")
@@ -189,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--steps", type=int, default=3, help="optimizer steps both methods take (default 3)")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    _node_options(c, node_rank=False)
     c.set_defaults(fn=_check)
     pl = sub.add_parser("plan", help="rank pipeline configurations (w, d, b, recompute) by predicted throughput")
     pl.add_argument("--workers", type=int, required=True, help="devices (ranks) in all: w x d")

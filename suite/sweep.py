@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite.config import paths
+from suite.config.launch import Nodes
 from suite.core.experiment import Experiment
 from suite.core.runner import run_cells
 from suite.records import tracking
@@ -24,8 +25,10 @@ def sweep(
     progress=print,
     rounds: int | None = None,
     deadline: float | None = None,
+    nodes: Nodes | None = None,
 ) -> list[dict]:
-    """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records."""
+    """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records.
+    Across `nodes`, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     cells, records = run_cells(
         exp,
@@ -39,8 +42,11 @@ def sweep(
         timeout,
         progress,
         rounds,
-        deadline,
+        deadline=deadline,
+        nodes=nodes,
     )
+    if nodes is not None and nodes.multi and nodes.node_rank:
+        return []  # node 0 writes the tables
     md_path, csv_path = tables.write_tables(exp, results_dir)
     progress(f"wrote {md_path} and {csv_path}")
     if exp.figure is not None:

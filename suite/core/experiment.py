@@ -63,6 +63,7 @@ class Cell:
     profile: str
     kind: str = "throughput"
     timeout: float = 600.0
+    nnodes: int = 1  # the machines of its sweep (suite run --nnodes): a sweep across nodes makes records of its own
 
     def resolved(self) -> dict[str, Any]:
         return {
@@ -72,6 +73,7 @@ class Cell:
             "kind": self.kind,
             "run": self.run.to_dict(),
             "methodology": METHODOLOGY_VERSION,
+            **({"nnodes": self.nnodes} if self.nnodes > 1 else {}),  # keys of one-node cells stay as they were
         }
 
     @property

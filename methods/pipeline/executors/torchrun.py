@@ -1,28 +1,22 @@
-"""Launch a module on N local ranks with torchrun, in its own session so a timeout kills every rank."""
+"""Launch a module on N ranks with torchrun (this machine's, or this node's share of several), in its own session so
+a timeout kills every rank."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 
+from suite.config.launch import Nodes, torchrun_command
 from suite.config.paths import ROOT
 
 
-def torchrun(nproc: int, module: str, args: list[str], timeout: float, threads: int = 1) -> subprocess.CompletedProcess:
-    """Run `python -m module *args` on `nproc` ranks; returns the completed process (stdout and stderr
-    captured as text). On timeout the whole process group is killed and TimeoutExpired re-raised."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        module,
-        *args,
-    ]
+def torchrun(
+    nproc: int, module: str, args: list[str], timeout: float, threads: int = 1, nodes: Nodes | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python -m module *args` on `nproc` ranks (standalone, or across `nodes`); returns the completed process
+    (stdout and stderr captured as text). On timeout the whole process group is killed and TimeoutExpired re-raised."""
+    cmd = torchrun_command(nproc, module, args, nodes)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),
