@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
 
-.PHONY: setup lint format test test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list gpu-campaign clean-venv
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list gpu-campaign clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -31,6 +31,32 @@ format: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q
+
+# A second environment that mimics the GPU machine on CPU: its Python (3.12 where this machine has one),
+# torch 2.11 and transformers 5.17, scikit-learn, and no `datasets`, `wandb` or pytest-timeout. The suite is
+# not installed there: it runs from the tree (PYTHONPATH=.), as on that machine. PyPI's torch 2.11.0 is its
+# CUDA build (several GB with the nvidia-* wheels; no CPU-only 2.11 reaches this machine): on a CPU it runs as
+# a CPU build does. Tests that need `datasets` or `wandb` skip there and say so.
+MIMIC_VENV ?= .venv-mimic
+MIMIC_PY := $(MIMIC_VENV)/bin/python
+MIMIC_STAMP := $(MIMIC_VENV)/.installed
+MIMIC_PYTHON ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do \
+	$$p -c '' 2>/dev/null && { echo $$p; exit; }; done; echo $(PYTHON))
+MIMIC_PACKAGES ?= torch==2.11.0 transformers==5.17.0 pytest pytest-benchmark numpy matplotlib pandas scipy \
+	scikit-learn safetensors tokenizers huggingface-hub
+MIMIC_ABSENT := datasets wandb pytest_timeout
+
+$(MIMIC_STAMP): Makefile
+	test -x $(MIMIC_PY) || $(MIMIC_PYTHON) -m venv $(MIMIC_VENV)
+	$(MIMIC_PY) -m pip install -q $(MIMIC_PACKAGES)
+	touch $(MIMIC_STAMP)
+
+test-mimic: $(MIMIC_STAMP)
+	@$(MIMIC_PY) -c "import importlib.util as u, sys, platform, torch, transformers; \
+	extra = [m for m in '$(MIMIC_ABSENT)'.split() if u.find_spec(m)]; \
+	extra and sys.exit(f'$(MIMIC_VENV) has {extra}, which the GPU machine lacks: make clean-venv-mimic'); \
+	print(f'mimic: Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}')"
+	PYTHONPATH=. $(MIMIC_PY) -m pytest -q -rs
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
@@ -91,3 +117,6 @@ pipeline-bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+clean-venv-mimic:
+	rm -rf $(MIMIC_VENV)

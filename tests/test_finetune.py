@@ -49,6 +49,7 @@ def write_separable(folder, n_train=64, n_dev=32):
 
 
 def test_the_loop_learns_a_separable_task_and_keeps_its_best_weights(tmp_path):
+    pytest.importorskip("datasets")
     write_separable(tmp_path)
     run = dataclasses.replace(tiny_run("sst2", str(tmp_path), epochs=6), optimizer="adamw", lr=3e-3)
     res = finetune(run, FinetuneOptions.from_run(run), torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt", log=QUIET)
@@ -78,6 +79,7 @@ def test_best_checkpoint_keeps_the_first_best_and_ignores_nan(tmp_path):
 
 
 def test_evaluation_scores_the_methods_current_weights_in_eval_mode():
+    pytest.importorskip("datasets")
     run = dataclasses.replace(
         tiny_run("rte", FIXTURES), model=dataclasses.replace(TINY, dropout=0.5, attention_dropout=0.5)
     )
@@ -102,6 +104,7 @@ def test_evaluation_scores_the_methods_current_weights_in_eval_mode():
 
 
 def test_random_init_vocabulary_matches_the_trained_tokenizer():
+    pytest.importorskip("datasets")
     run = tiny_run("mrpc", FIXTURES)
     data = prepare(run, FinetuneOptions.from_run(run))
     assert data.run.model.vocab_size == len(data.tokenizer)
@@ -153,6 +156,7 @@ def test_options_and_labels_are_checked():
 @pytest.mark.skipif(not registry.is_registered("l2l"), reason="the l2l method is not registered")
 def test_fp32_l2l_fine_tunes_to_the_baselines_weights():
     """The paper's claim, at test scale: same seed, same batches, keyed dropout -> equal up to rounding."""
+    pytest.importorskip("datasets")
     ends = []
     for method, mb, n in (("grad_accum", 2, 4), ("l2l", 8, 1)):
         run = dataclasses.replace(tiny_run("rte", FIXTURES, method), micro_batch_size=mb, num_micro_batches=n)

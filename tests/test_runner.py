@@ -78,6 +78,13 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
     for word in ("| ok |", "error: ValueError", "| oom |", "not_implemented", "| 10.0 |"):
         assert word in table
     assert (tmp_path / "runner-test.csv").read_text().count("\n") == 5
+
+
+def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
+    pytest.importorskip("wandb")  # without it (the GPU image) the sweep above runs untracked
+    exp = make_experiment([Row("ok", "grad_accum", labels={"precision": "FP32"})])
+    (ok,) = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None, rounds=1)
+    assert ok["status"] == "ok"
     # the offline W&B run of the ok cell carries its config and summary
     back = tracking.read_offline_run(ok["wandb_dir"])
     assert back["config"]["row"] == "ok" and back["config"]["experiment"] == "runner-test"

@@ -42,6 +42,7 @@ def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch)
 
 
 def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
+    pytest.importorskip("datasets")  # the fine-tuning cells load GLUE through it
     rows = ["rte-baseline-fp32", "rte-baseline-amp"]
     records = sweep(
         table7.EXPERIMENT, profile="tiny", only=rows, results_dir=results_env, wandb_mode="off", progress=lambda m: None

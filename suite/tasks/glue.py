@@ -125,11 +125,15 @@ def _read_tsv(t: GlueTask, path: str) -> dict[str, list]:
 
 
 def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
-    """A split ('train' or 'dev') as a datasets.Dataset with columns text_a, text_b (None if single), label."""
-    import datasets  # lazily: the GPU image does not ship `datasets`
+    """A split ('train' or 'dev') as a datasets.Dataset with columns text_a, text_b (None if single), label.
 
+    `datasets` is imported only to build the Dataset (the GPU image does not ship it): a wrong task, a
+    missing file or a malformed one is reported the same without it.
+    """
     t = get_task(task)
     if data_dir is None:  # hub: nyu-mll/glue already has int labels in the same order as TASKS
+        import datasets
+
         ds = datasets.load_dataset("nyu-mll/glue", task, split={"dev": "validation"}.get(split, split))
         a, b = t.hub_columns
         ds = ds.rename_columns({a: "text_a", b: "text_b"} if b else {a: "text_a"})
@@ -151,7 +155,10 @@ def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None)
     # csv + from_dict rather than load_dataset("csv"): pandas would turn sentences like "null"/"NA" into
     # NaN, infer column types, needs extra handling for CoLA's missing header, caches arrow files under
     # ~/.cache, and cannot say which line of which file is malformed.
-    return datasets.Dataset.from_dict(_read_tsv(t, path), features=_features(t))
+    cols = _read_tsv(t, path)
+    import datasets
+
+    return datasets.Dataset.from_dict(cols, features=_features(t))
 
 
 def tokenize(dataset, tokenizer, max_len: int):
