@@ -1,14 +1,9 @@
-"""GLUE dev-set metrics: the classification ones counted here (sklearn's conventions), correlations from scipy.
-
-Accuracy, F1 and Matthews are a few counts, so they need no scikit-learn, which the GPU image lacks;
-tests/test_metrics.py checks them against scikit-learn wherever it is installed.
-"""
+"""GLUE dev-set metrics, computed with scikit-learn and scipy rather than by hand."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections import Counter
 from typing import Sequence
 
 from suite.tasks.glue import get_task
@@ -27,34 +22,24 @@ HEADLINE = {
 SECOND = {"mrpc": "f1", "stsb": "spearman"}
 
 
-def _pairs(predictions: Sequence, labels: Sequence) -> list[tuple]:
-    """(label, prediction) pairs as plain Python numbers (tensors and numpy scalars compare by value)."""
-    item = lambda x: x.item() if hasattr(x, "item") else x  # noqa: E731
-    return [(item(y), item(p)) for y, p in zip(labels, predictions, strict=True)]
-
-
 def accuracy(predictions: Sequence, labels: Sequence) -> float:
-    pairs = _pairs(predictions, labels)
-    return sum(y == p for y, p in pairs) / len(pairs)
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(labels, predictions))
 
 
 def f1(predictions: Sequence, labels: Sequence) -> float:
     """F1 of the positive class (1: MRPC's 'equivalent'); 0 when nothing is predicted positive."""
-    pairs = _pairs(predictions, labels)
-    tp = sum(y == 1 and p == 1 for y, p in pairs)
-    wrong = sum((y == 1) != (p == 1) for y, p in pairs)  # false positives and false negatives
-    return 2 * tp / (2 * tp + wrong) if tp else 0.0
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0))
 
 
 def matthews(predictions: Sequence, labels: Sequence) -> float:
-    """Matthews correlation (multiclass form, as sklearn's matthews_corrcoef); 0 for a constant prediction."""
-    pairs = _pairs(predictions, labels)
-    n, correct = len(pairs), sum(y == p for y, p in pairs)
-    true, pred = Counter(y for y, _ in pairs), Counter(p for _, p in pairs)
-    cov_tp = correct * n - sum(true[k] * pred[k] for k in true)
-    cov_tt = n * n - sum(c * c for c in true.values())
-    cov_pp = n * n - sum(c * c for c in pred.values())
-    return cov_tp / math.sqrt(cov_tt * cov_pp) if cov_tt and cov_pp else 0.0
+    """Matthews correlation; 0 for a constant prediction (sklearn's convention)."""
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(labels, predictions))
 
 
 def _correlation(fn, predictions, labels) -> float:
