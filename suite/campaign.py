@@ -11,6 +11,7 @@ import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from suite.config import paths
@@ -29,6 +30,7 @@ CUDA_TESTS = (
     "tests/test_campaign_cuda.py",
 )
 BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)
+JUNIT = {"failure": "failed", "error": "errors", "skipped": "skipped"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,6 @@ def campaign_dir(results_dir: Path, machine: str) -> Path:
 
 def environment(fp: dict) -> dict:
     """The report stage 1 writes: the machine, its GPU as nvidia-smi sees it, and the versions that matter."""
-    smi = ""
     try:
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -89,10 +90,8 @@ def environment(fp: dict) -> dict:
     versions = {}
     for pkg in ("torch", "transformers", "datasets", "wandb", "pytest", "pytest-benchmark", "numpy"):
         try:
-            from importlib import metadata
-
             versions[pkg] = metadata.version(pkg)
-        except Exception:  # noqa: BLE001 — absent is an answer (the GPU image has no datasets, no wandb)
+        except metadata.PackageNotFoundError:  # absent is an answer (the GPU image has no datasets, no wandb)
             versions[pkg] = None
     return {
         "machine": fp,
@@ -121,16 +120,8 @@ def _pytest(files: tuple[str, ...], marker: str, report: Path, extra: list[str],
 
         for case in ET.parse(report).getroot().iter("testcase"):
             kids = {child.tag for child in case}
-            key = (
-                "failed"
-                if "failure" in kids
-                else "errors"
-                if "error" in kids
-                else "skipped"
-                if "skipped" in kids
-                else "passed"
-            )
-            counts[key] += 1
+            # JUnit marks a case by its child element; none means it passed.
+            counts[next((JUNIT[tag] for tag in JUNIT if tag in kids), "passed")] += 1
     collected = re.search(r"(\d+)(?:/\d+)? tests? collected", tail)
     counts["collected"] = int(collected.group(1)) if collected else None
     return {"command": " ".join(cmd), "exit": code, "seconds": round(time.time() - started, 1), **counts, "tail": tail}
