@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 PROFILE ?= auto
 RUN_FLAGS ?=
+# MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
+MEASURE ?= time
 
 .PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list gpu-campaign clean-venv clean-venv-mimic
 
@@ -82,7 +84,7 @@ list: $(STAMP)
 	$(PY) -m suite list
 
 table2 table3 table4 table5 table6: $(STAMP)
-	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
+	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(RUN_FLAGS)
 
 # GLUE fine-tuning: DATA_DIR is the folder of GLUE TSVs (the `small` profile's default is ../shared/data/glue).
 DATA_DIR ?=

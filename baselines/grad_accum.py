@@ -6,7 +6,7 @@ import torch
 
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import autocast
+from suite.harness.device import autocast, flag, place, scalar
 from suite.harness.loss_scale import DynamicLossScaler
 from suite.harness.optim import LayerwiseOptimizer
 
@@ -19,7 +19,7 @@ class GradAccum(Method):
 
     def __init__(self, model, run, device):
         super().__init__(model, run, device)
-        self.model = model.to(device)
+        self.model = place(model, device)
         self.layer_params = [model.layer_named_parameters(i) for i in range(model.num_layers)]
         self.params = [p for named in self.layer_params for _, p in named]
         self.opt = LayerwiseOptimizer(self.layer_params, run)
@@ -37,7 +37,7 @@ class GradAccum(Method):
             self.scaler.scale_loss(loss).backward()
             total += loss.detach()
         grads = [p.grad for p in self.params if p.grad is not None]
-        skipped = bool(self.scaler.unscale_(grads).item()) if self.scaler.enabled else False
+        skipped = flag(self.scaler.unscale_(grads)) if self.scaler.enabled else False
         self.scaler.update(skipped)
         if not skipped:
             if self.run.clip_grad_norm > 0:
@@ -45,7 +45,7 @@ class GradAccum(Method):
             self.opt.step(self.step_count)
         self.step_count += 1
         return StepStats(
-            loss=float(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
+            loss=scalar(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -66,6 +66,7 @@ def _run(args) -> int:
         timeout=args.timeout,
         rounds=args.rounds,
         nodes=nodes,
+        measure=args.measure,
     )
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
     return 1 if bad and args.strict else 0
@@ -197,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--timeout", type=float, help="seconds per cell (default: the experiment's)")
     r.add_argument("--data-dir", metavar="PATH", help="folder of GLUE TSVs (task folders with train/dev.tsv)")
+    r.add_argument(
+        "--measure",
+        choices=["time", "count"],
+        default="time",
+        help="time: run and measure (default); count: count each cell's memory on fake tensors (no data, any machine)",
+    )
     r.add_argument("--strict", action="store_true", help="exit non-zero if any cell errored or timed out")
     r.add_argument(
         "--rounds",

@@ -26,6 +26,7 @@ def sweep(
     rounds: int | None = None,
     deadline: float | None = None,
     nodes: Nodes | None = None,
+    measure: str = "time",
 ) -> list[dict]:
     """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records.
     Across `nodes`, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
@@ -44,6 +45,7 @@ def sweep(
         rounds,
         deadline=deadline,
         nodes=nodes,
+        measure=measure,
     )
     if nodes is not None and nodes.multi and nodes.node_rank:
         return []  # node 0 writes the tables

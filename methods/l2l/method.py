@@ -14,7 +14,7 @@ from methods.l2l.updates import HostUpdater
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import DTYPES
+from suite.harness.device import DTYPES, scalar
 from suite.harness.loss_scale import DynamicLossScaler
 
 
@@ -153,7 +153,7 @@ class L2L(Method):
         skipped = self.updater.finish(self.step_count)
         self.step_count += 1
         return StepStats(
-            loss=float(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
+            loss=scalar(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:

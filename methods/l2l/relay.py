@@ -26,7 +26,12 @@ class Slot:
             n = p.numel()
             p.data = self.flat[offset : offset + n].view_as(p)  # values arrive with the first upload
             offset += n
-        self.module.to(device=device, dtype=dtype)  # the buffers (position ids); parameters are in place
+        # The buffers (position ids) follow; parameters are in place already (a module-wide .to() would try to
+        # swap them, which a counted step's fake tensors refuse).
+        for mod in self.module.modules():
+            for name, buf in mod._buffers.items():
+                if buf is not None:
+                    mod._buffers[name] = buf.to(device=device, dtype=dtype if buf.is_floating_point() else None)
         offset = 0
         for p in params:
             # A preset .grad makes autograd accumulate into it in place, micro-batch after micro-batch.

@@ -7,6 +7,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from suite.harness.device import flag
+
 
 def _done() -> Future:
     future: Future = Future()
@@ -62,7 +64,7 @@ class HostUpdater:
 
     def _decide(self, prepared) -> tuple[bool, torch.Tensor | None]:
         """(skip the step?, clipping coefficient) from every layer's (found_inf, norms), in layer order."""
-        found = self.scaler.enabled and bool(torch.cat([f for f, _ in prepared]).any())
+        found = self.scaler.enabled and flag(torch.cat([f for f, _ in prepared]).any())
         if not self.clip or found:
             return found, None
         # As clip_grad_norm_ does: the norm of the per-tensor norms, stacked in parameter order.

@@ -82,6 +82,29 @@ def throughput_cell(run, device, cap) -> dict:
     return m
 
 
+@cell_kind("count")
+def count_cell(run, device, cap) -> dict:
+    """The method's own step on fake tensors, counted on the host's CPU whatever the machine: memory, not time.
+    Past the cap (the paper's 16 GiB) the count raises out-of-memory, as the device would."""
+    from suite.core.check import build_method
+    from suite.harness.data import synthetic_batches
+    from suite.measure.counting import CUDA_BLOCK, count
+    from suite.measure.memory import apply_device_memory_cap
+
+    cpu = torch.device("cpu")
+    limit = apply_device_memory_cap(run.device_memory, cpu)
+    note = ""
+    if run.options.get("overlap") == "on":
+        # L2L's overlapped host update runs in a thread of its own, outside the fake mode (which is per
+        # thread): the count runs it in line instead, and says so.
+        run = dataclasses.replace(run, options={**run.options, "overlap": "off"})
+        note = "overlap=on counted as off (the host update thread runs outside the fake mode)"
+    m = count(
+        lambda: build_method(run, cpu), lambda: synthetic_batches(run, padded=False), round_to=CUDA_BLOCK, limit=limit
+    )
+    return {**m, "count_note": note} if note else m
+
+
 def rank_memory(peak: int) -> dict:
     """Under several ranks, every rank's device peak (rank 0 alone measures its own, a pipeline's first
     stage); the worst rank is what each device must hold. Collective: every rank calls it."""

@@ -131,11 +131,26 @@ def follow(nodes: Nodes, progress=print) -> None:
     progress(f"node {nodes.node_rank}: node 0 ended the sweep")
 
 
-def variant_of(overrides: list[str] | None, device_memory: str | None, nnodes: int = 1) -> str:
+def variant_of(overrides: list[str] | None, device_memory: str | None, nnodes: int = 1, measure: str = "time") -> str:
     """What makes a run differ from the experiment's default at its profile (empty for the default)."""
-    parts = [f"device_memory={device_memory}"] if device_memory else []
+    parts = ["counted (fake tensors), not measured"] if measure == "count" else []
+    parts += [f"device_memory={device_memory}"] if device_memory else []
     parts += [f"nnodes={nnodes}"] if nnodes > 1 else []
     return ", ".join(parts + [f"set {o}" for o in overrides or []])
+
+
+MEASURES = ("time", "count")
+
+
+def counted(cells: list[Cell]) -> list[Cell]:
+    """The cells as `count` cells: memory counted on fake tensors, one round each, their own cache keys."""
+    wrong = sorted({c.kind for c in cells if c.kind != "throughput"})
+    if wrong:
+        raise ConfigError(
+            f"--measure count counts the memory of throughput cells; this experiment's {wrong} cells cannot be "
+            "counted (accepted: experiments of throughput cells, e.g. table2, table3, table5)"
+        )
+    return [dataclasses.replace(c, kind="count") for c in cells]
 
 
 def new_sweep_id() -> str:
@@ -157,6 +172,7 @@ def run_cells(
     rounds: int | None = None,
     deadline: float | None = None,
     nodes: Nodes | None = None,
+    measure: str = "time",
 ) -> tuple[list[Cell], list[dict]]:
     """Run (or reuse) every cell of `exp` on this machine, write one record and one W&B run per cell; returns
     (cells, records). Throughput cells run `rounds` times (the experiment's default), the cells of one round
@@ -177,7 +193,11 @@ def run_cells(
         raise ConfigError(f"--rounds {rounds}: give 1 or more timing rounds (3 or more to see the noise)")
     nodes = (nodes or Nodes()).validate()
     mode = tracking.resolve_mode(wandb_mode)
-    cells = exp.cells(profile, only, overrides, device_memory)
+    cells = (
+        counted(exp.cells(profile, only, overrides, device_memory))
+        if measure == "count"
+        else (exp.cells(profile, only, overrides, device_memory))
+    )
     check_cells(cells)
     if nodes.multi:
         for c in cells:  # every node starts the same number of ranks: checked before any process starts
@@ -187,7 +207,7 @@ def run_cells(
         if nodes.node_rank:
             follow(nodes, progress)
             return cells, []
-    variant = variant_of(overrides, device_memory, nodes.nnodes)
+    variant = variant_of(overrides, device_memory, nodes.nnodes, measure)
     fp = fingerprint()
     here, sweep_id = fp["slug"], new_sweep_id()
     tags = {

@@ -30,3 +30,29 @@ def autocast(device: torch.device, precision: str):
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def is_fake(t) -> bool:
+    """A tensor of a counted step: shapes and devices without data (FakeTensorMode)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def scalar(t) -> float:
+    """float(t), or NaN in a counted step, whose tensors hold no value to report."""
+    return float("nan") if is_fake(t) else float(t)
+
+
+def flag(t, counted: bool = False) -> bool:
+    """bool(t), or `counted` in a counted step: a branch on data (an fp16 overflow, padding) takes the
+    path a step normally takes."""
+    return counted if is_fake(t) else bool(t)
+
+
+def place(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`module.to(device)`, skipped when every tensor is already there: a counted step's fake parameters
+    cannot be swapped for copies of themselves."""
+    if all(t.device == torch.device(device) for t in [*module.parameters(), *module.buffers()]):
+        return module
+    return module.to(device)

@@ -19,9 +19,9 @@ class LiveBytesTracker(TorchDispatchMode):
     tested without a GPU; `limit` makes it raise an out-of-memory error past a byte budget.
     """
 
-    def __init__(self, limit: int | None = None, base: int = 0):
+    def __init__(self, limit: int | None = None, base: int = 0, round_to: int = 1):
         super().__init__()
-        self.limit, self.base = limit, base
+        self.limit, self.base, self.round_to = limit, base, round_to
         self.live = 0
         self.peak = 0
         self._seen: dict[int, int] = {}
@@ -38,13 +38,18 @@ class LiveBytesTracker(TorchDispatchMode):
             for t in tree_flatten((args, kwargs))[0]
             if isinstance(t, torch.Tensor) and not t.is_sparse
         }
+        # An op whose schema says its output aliases an input (a view, an in-place op) allocates nothing; a
+        # fake tensor's view need not share its base's storage object, so the schema decides, not the storage.
+        schema = getattr(func, "_schema", None)
+        aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse and not aliases:
                 st = t.untyped_storage()
                 key = st._cdata
                 if key not in self._seen and key not in inputs and st.nbytes() > 0:
-                    self._seen[key] = st.nbytes()
-                    self.live += st.nbytes()
+                    size = -(-st.nbytes() // self.round_to) * self.round_to  # an allocator's block rounding
+                    self._seen[key] = size
+                    self.live += size
                     weakref.finalize(st, self._release, key)
         self.peak = max(self.peak, self.live)
         if self.limit is not None and self.base + self.live > self.limit:

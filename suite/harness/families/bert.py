@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from suite.harness.device import flag
+
 
 class BertHead(nn.Module):
     """Pooler + dropout + classifier + loss of BertForSequenceClassification, as one layer."""
@@ -62,7 +64,7 @@ class BertFamily:
 
     def mask(self, mb) -> torch.Tensor | None:
         """Boolean (B, 1, 1, S) mask, True = attend; None when nothing is padded (the fast path)."""
-        if mb.attention_mask is None or bool(mb.attention_mask.all()):
+        if mb.attention_mask is None or flag(mb.attention_mask.all(), counted=True):
             return None
         return mb.attention_mask.bool()[:, None, None, :]
 
