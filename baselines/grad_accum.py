@@ -51,6 +51,9 @@ class GradAccum(Method):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().cpu().clone() for named in self.layer_params for n, p in named}
 
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        return {**super().memory_roles(), "optimizer": self.opt.state_tensors()}
+
     def resident_device_bytes(self) -> int:
         # Weights and optimizer state persist; gradients are freed at each step's start and
         # re-allocated inside it, so the tracker counts them.

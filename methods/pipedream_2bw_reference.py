@@ -65,5 +65,9 @@ class TwoBWReference(GradAccum):
         self.previous = current
         return stats
 
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        roles = super().memory_roles()
+        return {**roles, "parameters": roles["parameters"] + list(self.previous or [])}
+
     def resident_device_bytes(self) -> int:
         return super().resident_device_bytes() + sum(t.numel() * t.element_size() for t in self.previous or [])

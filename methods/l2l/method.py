@@ -43,6 +43,7 @@ class L2L(Method):
     """
 
     precisions = ("fp32",)
+    hosts_state = True
     dist_check_module = "methods.l2l.dist_check"
     options = {
         "stash": Option("gpu", ("gpu", "cpu"), "where boundary activations wait for the backward"),
@@ -159,6 +160,15 @@ class L2L(Method):
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.updater.drain()
         return self.server.state_dict()
+
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        server, slots = self.server, self.relay.slots
+        return {
+            "parameters": [s.flat for s in slots] + server.flat + server.wire,
+            "gradients": [s.grad for s in slots] + server.grad_flat + server.landing,
+            "optimizer": server.optimizer_state(),
+            "stash": self.stash.tensors(),
+        }
 
     def resident_device_bytes(self) -> int:
         # The four slots' weights and gradient buffers; stashes, gradients of activations and

@@ -113,14 +113,7 @@ class HostParamServer:
 
     def optimizer_state(self) -> list[torch.Tensor]:
         """Every optimizer state tensor (for tests that a skipped step changed nothing)."""
-        return [
-            t
-            for o in self.opt.opts
-            if o is not None
-            for s in o.state.values()
-            for t in s.values()
-            if torch.is_tensor(t)
-        ]
+        return self.opt.state_tensors()
 
     def nbytes(self) -> int:
         """Host bytes held: masters, gradients, 16-bit wire/landing copies and optimizer state."""

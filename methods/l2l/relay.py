@@ -16,27 +16,29 @@ class Slot:
     buffers, so that loading a layer is one copy in and shipping its gradient one copy out."""
 
     def __init__(self, template: nn.Module, device: torch.device, dtype: torch.dtype):
-        self.module = copy.deepcopy(template)  # on the host: the device only ever holds the flat buffers
-        params = list(self.module.parameters())
+        # The structure alone is copied: the template's tensors stay behind (a counted step's fake tensors must
+        # not be deep-copied), and each parameter becomes a view of the flat buffers on `device`.
+        tensors = [*template.parameters(), *template.buffers()]
+        self.module = copy.deepcopy(template, memo={id(t): None for t in tensors})
+        params = list(template.parameters())
         numel = sum(p.numel() for p in params)
         self.flat = torch.empty(numel, device=device, dtype=dtype)
         self.grad = torch.zeros(numel, device=device, dtype=dtype)
-        offset = 0
+        views, offset = {}, 0
         for p in params:
             n = p.numel()
-            p.data = self.flat[offset : offset + n].view_as(p)  # values arrive with the first upload
+            # values arrive with the first upload; a preset .grad makes autograd accumulate into it in place,
+            # micro-batch after micro-batch
+            view = views[id(p)] = nn.Parameter(self.flat[offset : offset + n].view_as(p), p.requires_grad)
+            view.grad = self.grad[offset : offset + n].view_as(p)
             offset += n
-        # The buffers (position ids) follow; parameters are in place already (a module-wide .to() would try to
-        # swap them, which a counted step's fake tensors refuse).
-        for mod in self.module.modules():
-            for name, buf in mod._buffers.items():
-                if buf is not None:
-                    mod._buffers[name] = buf.to(device=device, dtype=dtype if buf.is_floating_point() else None)
-        offset = 0
-        for p in params:
-            # A preset .grad makes autograd accumulate into it in place, micro-batch after micro-batch.
-            p.grad = self.grad[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
+        for mine, theirs in zip(self.module.modules(), template.modules()):
+            for name, p in theirs._parameters.items():
+                mine._parameters[name] = None if p is None else views[id(p)]
+            for name, buf in theirs._buffers.items():  # position ids
+                mine._buffers[name] = (
+                    None if buf is None else buf.to(device, dtype if buf.is_floating_point() else None)
+                )
         self.shapes = [p.shape for p in params]
         self.layer: int | None = None  # whose weights the slot holds (None: stale or empty)
         self.loaded = None  # event: the upload of those weights has finished
@@ -237,3 +239,7 @@ class Stash:
 
     def clear(self) -> None:
         self.on_device.clear()
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Everything the stash holds now: host buffers and the activations on (or bound for) the device."""
+        return [*self.host.values(), *(x for x, _ in self.on_device.values())]

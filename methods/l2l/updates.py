@@ -7,13 +7,29 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from suite.harness.device import flag
+from suite.harness.device import flag, is_fake
 
 
 def _done() -> Future:
     future: Future = Future()
     future.set_result(None)
     return future
+
+
+class InLine:
+    """An executor that runs each task at once, in the caller's thread: a counted step's host work, which the
+    ledger (one thread's dispatch mode) must see."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 — delivered by result(), as a worker's would be
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
 
 
 class HostUpdater:
@@ -33,7 +49,9 @@ class HostUpdater:
     instead of beside this backward, and every layer's gradient waits on the host until then.
 
     The worker runs the host work whether or not it overlaps: one code path, and on CPU its
-    temporaries stay out of the live-bytes tracker, which follows the thread running the device step.
+    temporaries stay out of the live-bytes tracker, which follows the thread running the device step. A counted
+    step (fake tensors) runs it in line instead, so that its host temporaries are counted: one task at a time,
+    as on the one worker.
     """
 
     def __init__(self, server, scaler, run, overlap: bool, invalidate):
@@ -41,7 +59,8 @@ class HostUpdater:
         self.invalidate = invalidate  # a committed layer's device copy is stale
         self.clip = run.clip_grad_norm > 0
         self.gated = scaler.enabled or self.clip
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-host")
+        counted = is_fake(server.flat[0])
+        self.pool = InLine() if counted else ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-host")
         weakref.finalize(self, self.pool.shutdown, wait=False)
         n = server.num_layers
         self.ready: list[Future] = [_done()] * n  # per layer: its latest commit (uploads wait for it)

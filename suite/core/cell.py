@@ -84,25 +84,55 @@ def throughput_cell(run, device, cap) -> dict:
 
 @cell_kind("count")
 def count_cell(run, device, cap) -> dict:
-    """The method's own step on fake tensors, counted on the host's CPU whatever the machine: memory, not time.
-    Past the cap (the paper's 16 GiB) the count raises out-of-memory, as the device would."""
-    from suite.core.check import build_method
-    from suite.harness.data import synthetic_batches
-    from suite.measure.counting import CUDA_BLOCK, count
+    """The method's own step on fake tensors, counted on this machine's CPU whatever it has: memory, not time.
+    Past the cap (the paper's 16 GiB) the count raises out-of-memory, as the device would. Several ranks are
+    counted one after another in this process, each in a fake process group (its collectives and transfers
+    move nothing): a data-parallel cell's rank 0, a pipeline's first replica of every stage."""
+    from suite.core import registry
     from suite.measure.memory import apply_device_memory_cap
 
-    cpu = torch.device("cpu")
-    limit = apply_device_memory_cap(run.device_memory, cpu)
-    note = ""
-    if run.options.get("overlap") == "on":
-        # L2L's overlapped host update runs in a thread of its own, outside the fake mode (which is per
-        # thread): the count runs it in line instead, and says so.
-        run = dataclasses.replace(run, options={**run.options, "overlap": "off"})
-        note = "overlap=on counted as off (the host update thread runs outside the fake mode)"
-    m = count(
-        lambda: build_method(run, cpu), lambda: synthetic_batches(run, padded=False), round_to=CUDA_BLOCK, limit=limit
-    )
-    return {**m, "count_note": note} if note else m
+    cls = registry.get(run.method)
+    limit = apply_device_memory_cap(run.device_memory, torch.device("cpu"))
+    target = torch.device("meta" if cls.hosts_state else "cpu")
+    world = cls.world_size(run)
+    if world == 1:
+        return _count_rank(run, target, limit)
+    # Ranks are stage-major (rank = stage * width + replica): replica 0 of each stage, or data-parallel rank 0.
+    ranks = [0] if cls.shards_batch else list(range(0, world, cls.resolved_options(run)["width"]))
+    per_rank = [_count_rank(run, target, limit, rank, world, cls.shards_batch) for rank in ranks]
+    worst = max(per_rank, key=lambda m: m["device_peak_allocated"])
+    return {
+        **worst,
+        "counted_ranks": ranks,
+        "rank_memory": [m["device_peak_allocated"] for m in per_rank],
+        "rank_breakdown": [m["device_breakdown"] for m in per_rank],
+        "memory_worst_rank_gb": worst["memory_gb"],
+    }
+
+
+def _count_rank(run, device, limit, rank: int = 0, world: int = 1, shards: bool = True) -> dict:
+    """Count rank `rank` of `world` (a fake process group when world > 1)."""
+    import torch.distributed as dist
+
+    from suite.core.check import build_method
+    from suite.harness.data import synthetic_batches
+    from suite.measure.counting import count
+
+    def batches():
+        stream = synthetic_batches(run, padded=False)
+        if world > 1 and shards:
+            return (b.shard(rank, world) for b in stream)
+        return stream
+
+    if world > 1:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        return count(lambda: build_method(run, device), batches, device, limit=limit)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
 
 
 def rank_memory(peak: int) -> dict:

@@ -57,6 +57,9 @@ class Method(ABC):
     # Several ranks: does each rank take a shard of the minibatch (data parallel) or all of it (pipeline
     # stages)? And which torchrun module proves the multi-rank run equivalent (`suite check` launches it)?
     shards_batch: ClassVar[bool] = True
+    # Does the method keep state on the host (L2L's param server)? A count then builds it on the `meta` device,
+    # so that device and host storages differ in type and are counted apart.
+    hosts_state: ClassVar[bool] = False
     dist_check_module: ClassVar[str | None] = None
 
     def __init__(self, model, run, device: torch.device):
@@ -97,6 +100,12 @@ class Method(ABC):
     def resident_device_bytes(self) -> int:
         """Bytes this method keeps on the device between steps (added to the CPU live-bytes tracker)."""
         return 0
+
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors a count names by role (parameters, gradients, optimizer, stash); whatever else it counts
+        is an activation, stashed when a backward saved it, else transient."""
+        params = list(self.model.parameters())
+        return {"parameters": params, "gradients": [p.grad for p in params if p.grad is not None]}
 
 
 _REGISTRY: dict[str, type[Method]] = {}

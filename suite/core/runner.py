@@ -35,7 +35,9 @@ def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv
 
 
 def world_of(cell: Cell) -> int:
-    """How many ranks the cell runs on (through torchrun when more than one)."""
+    """How many ranks the cell runs on (through torchrun when more than one); a count takes every rank in one."""
+    if cell.kind == "count":
+        return 1
     return registry.get(cell.run.method).world_size(cell.run) if registry.is_registered(cell.run.method) else 1
 
 
@@ -142,15 +144,29 @@ def variant_of(overrides: list[str] | None, device_memory: str | None, nnodes: i
 MEASURES = ("time", "count")
 
 
+COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
+
+
 def counted(cells: list[Cell]) -> list[Cell]:
-    """The cells as `count` cells: memory counted on fake tensors, one round each, their own cache keys."""
-    wrong = sorted({c.kind for c in cells if c.kind != "throughput"})
+    """The cells as `count` cells: memory counted on fake tensors, one round each, their own cache keys. A
+    projected pipeline row becomes a count of the method itself, each stage as its own rank would hold it; a
+    projection of a system no method runs (inter-layer MP) has no count and is left out."""
+    wrong = sorted({c.kind for c in cells if c.kind not in TIMED and c.kind != COUNTABLE})
     if wrong:
         raise ConfigError(
-            f"--measure count counts the memory of throughput cells; this experiment's {wrong} cells cannot be "
-            "counted (accepted: experiments of throughput cells, e.g. table2, table3, table5)"
+            f"--measure count counts the memory of a method's step; this experiment's {wrong} cells cannot be "
+            "counted (accepted: experiments of throughput or projected cells, e.g. table2-table6, 2bw-fig7)"
         )
-    return [dataclasses.replace(c, kind="count") for c in cells]
+    out = []
+    for c in cells:
+        run = c.run
+        if c.kind == COUNTABLE:
+            options = {k: v for k, v in run.options.items() if k != "projection"}
+            if run.options.get("projection", {}).get("method") not in (None, run.method):
+                continue
+            run = dataclasses.replace(run, options={**options, "executor": "dist"})
+        out.append(dataclasses.replace(c, run=run, kind="count", timeout=max(c.timeout, 900.0)))
+    return out
 
 
 def new_sweep_id() -> str:

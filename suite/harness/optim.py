@@ -108,13 +108,12 @@ class LayerwiseOptimizer:
         for i in range(len(self.opts)):
             self.step_layer(i, step)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every optimizer state tensor, layer by layer."""
+        return [
+            t for o in self.opts if o is not None for s in o.state.values() for t in s.values() if torch.is_tensor(t)
+        ]
+
     def state_bytes(self) -> int:
         """Bytes held by the optimizer states (for memory accounting)."""
-        return sum(
-            t.numel() * t.element_size()
-            for o in self.opts
-            if o is not None
-            for s in o.state.values()
-            for t in s.values()
-            if torch.is_tensor(t)
-        )
+        return sum(t.numel() * t.element_size() for t in self.state_tensors())

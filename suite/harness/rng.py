@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from suite.harness.device import is_fake
+
 
 @dataclass
 class _Key:
@@ -61,10 +63,12 @@ def keyed_uniform(shape: torch.Size, device: torch.device) -> torch.Tensor:
             "so that masks do not depend on execution order"
         )
     site, key.site = key.site, key.site + 1
+    out = torch.empty(shape, device=device)
+    if is_fake(out):  # a counted step: the mask's bytes matter, not its bits
+        return out.uniform_()
     gen = _generators.get(device)
     if gen is None:
         gen = _generators[device] = torch.Generator(device=device)
-    out = torch.empty(shape, device=device)
     for row in range(shape[0]):
         gen.manual_seed(seed_of(key.seed, key.step, key.layer, site, key.offset + row))
         torch.rand(shape[1:], generator=gen, device=device, out=out[row])

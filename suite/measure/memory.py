@@ -19,9 +19,9 @@ class LiveBytesTracker(TorchDispatchMode):
     tested without a GPU; `limit` makes it raise an out-of-memory error past a byte budget.
     """
 
-    def __init__(self, limit: int | None = None, base: int = 0, round_to: int = 1):
+    def __init__(self, limit: int | None = None, base: int = 0):
         super().__init__()
-        self.limit, self.base, self.round_to = limit, base, round_to
+        self.limit, self.base = limit, base
         self.live = 0
         self.peak = 0
         self._seen: dict[int, int] = {}
@@ -38,19 +38,12 @@ class LiveBytesTracker(TorchDispatchMode):
             for t in tree_flatten((args, kwargs))[0]
             if isinstance(t, torch.Tensor) and not t.is_sparse
         }
-        # An op whose schema says its output aliases an input (a view, an in-place op) allocates nothing; a
-        # fake tensor's view need not share its base's storage object, so the schema decides, not the storage.
-        schema = getattr(func, "_schema", None)
-        aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse and not aliases:
-                st = t.untyped_storage()
-                key = st._cdata
-                if key not in self._seen and key not in inputs and st.nbytes() > 0:
-                    size = -(-st.nbytes() // self.round_to) * self.round_to  # an allocator's block rounding
-                    self._seen[key] = size
-                    self.live += size
-                    weakref.finalize(st, self._release, key)
+        for device, st in new_storages(func, out):
+            key = st._cdata
+            if device == "cpu" and key not in self._seen and key not in inputs:
+                self._seen[key] = st.nbytes()
+                self.live += st.nbytes()
+                weakref.finalize(st, self._release, key)
         self.peak = max(self.peak, self.live)
         if self.limit is not None and self.base + self.live > self.limit:
             raise torch.OutOfMemoryError(
@@ -58,6 +51,21 @@ class LiveBytesTracker(TorchDispatchMode):
                 f"of {self.limit} bytes"
             )
         return out
+
+
+def new_storages(func, out) -> list[tuple[str, torch.UntypedStorage]]:
+    """(device type, storage) of each storage `func`'s outputs may have allocated (a fake tensor's storage is on
+    `meta`, whatever device the tensor says it is on): none when its schema says an output aliases an input
+    (a view, an in-place op; a fake tensor's view need not share its base's storage object, so the schema
+    decides, not the storage)."""
+    schema = getattr(func, "_schema", None)
+    if schema is not None and any(r.alias_info is not None for r in schema.returns):
+        return []
+    return [
+        (t.device.type, t.untyped_storage())
+        for t in tree_flatten(out)[0]
+        if isinstance(t, torch.Tensor) and not t.is_sparse and t.untyped_storage().nbytes() > 0
+    ]
 
 
 def apply_device_memory_cap(size: str | None, device: torch.device) -> int | None:

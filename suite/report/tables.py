@@ -237,6 +237,7 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
             "them ended (a GPU campaign stage at its deadline); the same command resumes the other rounds.",
             "",
         ]
+    md += counted_breakdown(cells, records)
     if exp.notes:
         md += [f"Notes: {exp.notes}", ""]
     md += ["Provenance:", ""]
@@ -256,6 +257,40 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
             desc += f" — {reason(rec)}"
         md.append(desc)
     return "\n".join(md) + "\n", buf.getvalue()
+
+
+COUNTED_ROLES = ("parameters", "gradients", "optimizer", "stash", "transient")
+
+
+def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
+    """Markdown lines splitting each counted record's peaks by role, device and host (none without counts)."""
+    counted = [(c, r) for c, r in zip(cells, records) if r and "device_breakdown" in _metrics(r)]
+    if not counted:
+        return []
+
+    def gb(x) -> str:
+        return "" if x is None else f"{x / 1e9:.3f}"
+
+    head = ["row", "status", "device peak"] + [f"device {k}" for k in COUNTED_ROLES]
+    head += ["host peak"] + [f"host {k}" for k in COUNTED_ROLES] + ["per counted rank (device)"]
+    md = [
+        "Counted memory by role (GB; at each place's peak; `stash`: activations kept for a backward, saved by "
+        "autograd or held by the method's stash; `transient`: every other activation and temporary):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for cell, rec in counted:
+        m = _metrics(rec)
+        dev, host = m.get("device_breakdown") or {}, m.get("host_breakdown") or {}
+        line = [cell.row.name, rec["status"], gb(m.get("device_peak_allocated"))]
+        line += [gb(dev.get(k)) for k in COUNTED_ROLES] + [gb(m.get("host_peak_bytes"))]
+        line += [gb(host.get(k)) for k in COUNTED_ROLES]
+        line.append(" / ".join(gb(b) for b in m.get("rank_memory", [])))
+        md.append("| " + " | ".join(line) + " |")
+    told = next((_metrics(r).get("not_counted") for _, r in counted if _metrics(r).get("not_counted")), None)
+    md += ["", f"Not counted, each its own term on a GPU: {told}.", ""] if told else [""]
+    return md
 
 
 def sections(exp, results_dir: Path, warn=print) -> list[tuple[str, list, list[dict | None]]]:

@@ -1,0 +1,51 @@
+"""Probe for tests/test_counting.py, run in its own process: counted and real figures of one case, as JSON.
+
+Counting runs under FakeTensorMode and weak-reference finalizers on fake storages; a fresh process per probe
+keeps that state out of the test process."""
+
+import json
+import sys
+
+import torch
+
+from suite.config.run import RunConfig
+from suite.core.check import build_method
+from suite.core.experiment import all_experiments
+from suite.harness.data import synthetic_batches
+from suite.measure.counting import count
+from suite.measure.memory import LiveBytesTracker
+
+
+def real(run) -> dict:
+    """The CPU measurement's figures: resident bytes plus one tracked step after a warm-up step."""
+    torch.manual_seed(0)
+    method = build_method(run, torch.device("cpu"))
+    batches = synthetic_batches(run, padded=False)
+    method.step(next(batches))
+    with LiveBytesTracker() as tracker:
+        method.step(next(batches))
+    return {"resident": method.resident_device_bytes(), "step_peak": tracker.peak}
+
+
+def counted(run, device: str, round_to: int = 1, limit=None) -> dict:
+    build = lambda: build_method(run, torch.device(device))  # noqa: E731
+    try:
+        return count(build, lambda: synthetic_batches(run, padded=False), torch.device(device), 1, round_to, limit)
+    except torch.OutOfMemoryError as exc:
+        return {"oom": str(exc), **getattr(exc, "metrics", {})}
+
+
+def main(cases: list[dict]) -> list[dict]:
+    all_experiments()
+    out = []
+    for case in cases:
+        run = RunConfig.from_dict(case["run"]).validate()
+        got = {"counted": counted(run, case.get("device", "cpu"), case.get("round_to", 1), case.get("limit"))}
+        if case.get("real"):
+            got["real"] = real(run)
+        out.append(got)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
