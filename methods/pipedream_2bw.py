@@ -29,6 +29,7 @@ class PipeDream2BW(PipelineMethod):
     reference = "2bw-reference"  # its own delayed-update reference, the default of `suite check pipedream-2bw`
     options = pipeline_options(recompute=False)
     stage_versions: ClassVar[int] = 2
+    steady_after: ClassVar[int] = 2  # the first window stashes no second version; the second does
     schedule_steps: ClassVar[int] = 3  # warm-up window, a periodic window (the rest are shifts), drain
 
     def __init__(self, model, run, device):

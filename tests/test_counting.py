@@ -42,6 +42,7 @@ SAME_DEVICE = [
     case("amp", "bf16", real=True),
     case("grad_accum", "fp32", {"recompute": "on"}, real=True),
     case("2bw-reference", "fp32", real=True),
+    case("pipedream-flush", "fp32", {"stages": 2}, real=True),  # both stages in one process (reference executor)
 ]
 # L2L on `meta`: its device counted apart from the host. Its device peak is what the CPU run's tracker sees
 # (the host work runs on a worker thread there, out of the tracker's sight; the stash's host buffers persist).
@@ -91,7 +92,7 @@ def test_breakdown_adds_up_to_each_peak(probed):
 
 
 def test_grad_accum_roles(probed):
-    plain, _, recompute, _ = (g["counted"]["device_breakdown"] for g in probed[: len(SAME_DEVICE)])
+    plain, _, recompute, *_ = (g["counted"]["device_breakdown"] for g in probed[: len(SAME_DEVICE)])
     assert plain["gradients"] == plain["parameters"]  # FP32 gradient per FP32 weight, at the peak
     assert plain["optimizer"] == 2 * plain["parameters"]  # LAMB's two moments
     assert 0 < recompute["stash"] < plain["stash"]  # recompute keeps block inputs only
@@ -115,6 +116,28 @@ def test_a_count_past_the_cap_is_out_of_memory_and_rounding_only_adds():
     assert rounded["counted"]["device_peak_allocated"] < 1.5 * small["counted"]["device_peak_allocated"]
     assert "exceed the cap of 1000000 bytes" in capped["counted"]["oom"]
     assert capped["counted"]["oom_device_bytes"] > 1_000_000
+
+
+@pytest.mark.parametrize("method", ["pipedream-flush", "pipedream-2bw"])
+def test_each_pipeline_stage_counted_as_its_torchrun_rank_measures_it(method):
+    """The real run: 2 gloo ranks under torchrun, each rank's resident bytes plus its tracked step peak.
+
+    A fake group completes every transfer at once, as the NCCL path waits for its batch at once; on gloo a send
+    stays pending (its tensor alive) until the peer posts the receive. So the real gloo rank holds up to the
+    step's boundary tensors more than the count, never less: at most one activation and one gradient per
+    micro-batch (here 2 x 16 x 4 x 32 x 64 FP32 = 1 MiB)."""
+    from suite.core.experiment import get_experiment
+    from suite.core.runner import run_cell
+
+    (cell,) = get_experiment("2bw-fig7").cells("tiny", [f"measured-{method}-rc0"], ["steps=1", "warmup=2"])
+    record = run_cell(cell, timeout=300)
+    assert record["status"] == "ok", record.get("error", "")[-2000:]
+    (got,) = probe([{"run": cell.run.to_dict(), "world": 2}])
+    counted = [r["device_peak_allocated"] for r in got["ranks"]]
+    run = cell.run
+    in_flight = 2 * run.num_micro_batches * run.micro_batch_size * run.seq_len * run.model.resolved().hidden * 4
+    for mine, real in zip(counted, record["metrics"]["rank_memory"]):
+        assert mine <= real <= mine + in_flight, (counted, record["metrics"]["rank_memory"], in_flight)
 
 
 def test_measure_count_runs_a_table_as_counted_cells(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from methods.pipeline.schedules.validate import validate
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats
 from suite.harness.data import MiniBatch
+from suite.harness.device import drop
 
 
 def pipeline_options(recompute: bool) -> dict[str, Option]:
@@ -137,7 +138,7 @@ class PipelineMethod(Method):
                 raise ConfigError(f"stages={d} x width={w} needs {d * w} ranks, torchrun started {world}")
             s, r = divmod(rank, w)
             for i in set(range(model.num_layers)) - set(self.ranges[s]):
-                model.layers[i].to("meta")  # other stages' weights: not this rank's to hold
+                drop(model.layers[i])  # other stages' weights: not this rank's to hold
             self.replicas = [r]
             self.stages = [Stage(model, self.ranges[s], s, device, recompute, run, self.stage_versions)]
             self.executor = DistExecutor(
@@ -206,3 +207,7 @@ class PipelineMethod(Method):
 
     def resident_device_bytes(self) -> int:
         return sum(st.resident_bytes() for st in self.stages)
+
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        roles = [st.memory_roles() for st in self.stages]
+        return {k: [t for r in roles for t in r[k]] for k in ("parameters", "gradients", "optimizer", "stash")}

@@ -96,10 +96,10 @@ def count_cell(run, device, cap) -> dict:
     target = torch.device("meta" if cls.hosts_state else "cpu")
     world = cls.world_size(run)
     if world == 1:
-        return _count_rank(run, target, limit)
+        return count_rank(run, target, limit)
     # Ranks are stage-major (rank = stage * width + replica): replica 0 of each stage, or data-parallel rank 0.
     ranks = [0] if cls.shards_batch else list(range(0, world, cls.resolved_options(run)["width"]))
-    per_rank = [_count_rank(run, target, limit, rank, world, cls.shards_batch) for rank in ranks]
+    per_rank = [count_rank(run, target, limit, rank, world) for rank in ranks]
     worst = max(per_rank, key=lambda m: m["device_peak_allocated"])
     return {
         **worst,
@@ -110,17 +110,20 @@ def count_cell(run, device, cap) -> dict:
     }
 
 
-def _count_rank(run, device, limit, rank: int = 0, world: int = 1, shards: bool = True) -> dict:
-    """Count rank `rank` of `world` (a fake process group when world > 1)."""
+def count_rank(run, device, limit, rank: int = 0, world: int = 1, round_to: int | None = None) -> dict:
+    """Count rank `rank` of `world` (a fake process group when world > 1), after the method's warm-up steps."""
     import torch.distributed as dist
 
+    from suite.core import registry
     from suite.core.check import build_method
     from suite.harness.data import synthetic_batches
-    from suite.measure.counting import count
+    from suite.measure.counting import CUDA_BLOCK, count
+
+    cls = registry.get(run.method)
 
     def batches():
         stream = synthetic_batches(run, padded=False)
-        if world > 1 and shards:
+        if world > 1 and cls.shards_batch:
             return (b.shard(rank, world) for b in stream)
         return stream
 
@@ -129,7 +132,8 @@ def _count_rank(run, device, limit, rank: int = 0, world: int = 1, shards: bool 
 
         dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
-        return count(lambda: build_method(run, device), batches, device, limit=limit)
+        build = lambda: build_method(run, device)  # noqa: E731
+        return count(build, batches, device, cls.steady_after, CUDA_BLOCK if round_to is None else round_to, limit)
     finally:
         if world > 1:
             dist.destroy_process_group()

@@ -60,6 +60,8 @@ class Method(ABC):
     # Does the method keep state on the host (L2L's param server)? A count then builds it on the `meta` device,
     # so that device and host storages differ in type and are counted apart.
     hosts_state: ClassVar[bool] = False
+    # Steps after which the method's memory is steady (every lazily made buffer made): a count warms up as many.
+    steady_after: ClassVar[int] = 1
     dist_check_module: ClassVar[str | None] = None
 
     def __init__(self, model, run, device: torch.device):

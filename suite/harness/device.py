@@ -50,6 +50,21 @@ def flag(t, counted: bool = False) -> bool:
     return counted if is_fake(t) else bool(t)
 
 
+def drop(module: torch.nn.Module) -> None:
+    """Let go of a module's tensors (another rank's layers) by moving them to `meta`. A counted step's fake
+    parameters cannot be swapped in place, so there new meta Parameters replace them."""
+    if not any(is_fake(p) for p in module.parameters()):
+        module.to("meta")
+        return
+    for mod in module.modules():
+        for name, p in mod._parameters.items():
+            if p is not None:
+                mod._parameters[name] = torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+        for name, b in mod._buffers.items():
+            if b is not None:
+                mod._buffers[name] = torch.empty_like(b, device="meta")
+
+
 def place(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """`module.to(device)`, skipped when every tensor is already there: a counted step's fake parameters
     cannot be swapped for copies of themselves."""

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from suite.config.run import RunConfig
+from suite.core.cell import count_rank
 from suite.core.check import build_method
 from suite.core.experiment import all_experiments
 from suite.harness.data import synthetic_batches
@@ -40,6 +41,10 @@ def main(cases: list[dict]) -> list[dict]:
     out = []
     for case in cases:
         run = RunConfig.from_dict(case["run"]).validate()
+        if case.get("world"):  # every rank of a multi-rank run, each in a fake process group
+            world, cpu = case["world"], torch.device("cpu")
+            out.append({"ranks": [count_rank(run, cpu, None, r, world, case.get("round_to", 1)) for r in range(world)]})
+            continue
         got = {"counted": counted(run, case.get("device", "cpu"), case.get("round_to", 1), case.get("limit"))}
         if case.get("real"):
             got["real"] = real(run)

@@ -27,6 +27,7 @@ from methods.pipeline.schedules.schedule import (
     Action,
 )
 from suite.config.errors import ConfigError
+from suite.harness.device import scalar
 
 
 def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
@@ -97,8 +98,9 @@ class DistExecutor:
         ]
         self.stage_group = groups[stage.index]
         # One clock: perf_counter is system-wide on one host; across hosts align at a barrier.
-        hosts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(hosts, socket.gethostname())
+        hosts: list = [socket.gethostname()] * dist.get_world_size()
+        if dist.get_backend() != "fake":  # a counted rank's fake group moves no objects (suite.measure.counting)
+            dist.all_gather_object(hosts, socket.gethostname())
         self._barrier()  # also the first collective, which NCCL wants every rank to join
         self.clock_offset = 0.0 if len(set(hosts)) == 1 else -time.perf_counter()
         self.records: list[dict] = []
@@ -151,7 +153,7 @@ class DistExecutor:
                 self.pending = []
             loss = self.stage.loss.clone() if self.stage.last else torch.zeros((), device=self.device)
             self._wait(dist.all_reduce(loss, async_op=True))
-            return float(loss)
+            return scalar(loss)
         except BaseException as exc:
             where = f" at {self.at.token}" if self.at is not None else " at the end of the step"
             print(

@@ -21,6 +21,7 @@ from methods.pipeline.schedules.schedule import (
     Action,
     message_key,
 )
+from suite.harness.device import scalar
 
 COLLECTIVE = (ALL_REDUCE, OPTIMIZER_STEP)
 
@@ -93,7 +94,7 @@ class ReferenceExecutor:
             if not progress:
                 stuck = [f"replica {r} stage {s} at {at((r, s))}" for (r, s) in ptr if at((r, s))]
                 raise RuntimeError("pipeline deadlock: " + "; ".join(stuck))
-        return float(sum(st.loss for st in self.stages if st.last))
+        return scalar(sum(st.loss for st in self.stages if st.last))
 
     def _execute(self, r: int, a: Action, box: dict, queues, ctxs: dict) -> None:
         st = self.stages[a.stage]

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
+from suite.harness.device import place
 from suite.harness.model import LayerContext, LayeredModel
 from suite.harness.optim import LayerwiseOptimizer
 
@@ -40,7 +41,7 @@ class Stage:
         self.first, self.last = layers.start == 0, layers.stop == model.num_layers
         self.device, self.recompute = device, recompute
         for i in layers:
-            model.layers[i].to(device)
+            place(model.layers[i], device)
         self.named = [model.layer_named_parameters(i) for i in layers]
         self.params = [p for named in self.named for _, p in named]
         # One optimizer per stage object; the reference executor's replicas share the object.
@@ -182,6 +183,15 @@ class Stage:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().cpu().clone() for named in self.named for n, p in named}
+
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        """This stage's tensors by role, for a count: weights (every version), gradients, optimizer state and
+        the stashed inputs and outputs of micro-batches awaiting their backward."""
+        versions = [t for ts in self.weights.values() for t in ts]
+        grads = [t.grad for t in [*self.params, *versions] if t.grad is not None]
+        stashed = [t for x, _, out, _ in self.stash.values() for t in (x, out) if isinstance(t, torch.Tensor)]
+        state = self.opt.state_tensors() if self.opt is not None else []
+        return {"parameters": self.params + versions, "gradients": grads, "optimizer": state, "stash": stashed}
 
     def resident_bytes(self) -> int:
         state = self.opt.state_bytes() if self.opt is not None else 0
