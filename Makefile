@@ -11,7 +11,7 @@ RUN_FLAGS ?=
 # MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
 MEASURE ?= time
 
-.PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs list gpu-campaign clean-venv clean-venv-mimic
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted list gpu-campaign clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -106,8 +106,20 @@ plan: $(STAMP)
 	$(PY) -m suite plan $(PLAN_FLAGS)
 
 # PipeDream-2BW paper Figures 6-9: measured (torchrun ranks) and projected (the planner at the paper's scale) rows.
-2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9: $(STAMP)
+2bw-fig6 2bw-fig8 2bw-fig9: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
+2bw-fig7: $(STAMP)
+	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(RUN_FLAGS)
+
+# Every counted paper-scale table (README "Counting memory at the papers' scale"): memory counted on fake
+# tensors, on any machine, in one command. Figure 7 counts GPT-2.2B on 8 stages at batch 16 for the three
+# schedules and GPipe at batch 64 (the paper's out-of-memory case); its other rows are one --only away.
+COUNT_FIG7 ?= projected-gpipe-B16-rc1 projected-pipedream-flush-B16-rc1 projected-pipedream-2bw-B16-rc1 \
+	projected-gpipe-B64-rc1
+counted: $(STAMP)
+	for t in table2 table3 table4 table5 table6; do \
+		$(PY) -m suite run $$t --profile paper --measure count $(RUN_FLAGS) || exit 1; done
+	$(PY) -m suite run 2bw-fig7 --profile paper --measure count $(foreach r,$(COUNT_FIG7),--only $(r)) $(RUN_FLAGS)
 
 2bw-figs: 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9
 

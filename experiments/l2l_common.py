@@ -46,9 +46,10 @@ def l2l_row(
     paper: dict | None = None,
     options: dict | None = None,
     skip: str | None = None,
+    count_anyway: bool = False,
 ) -> Row:
     """A Row whose method options (L2L's stash, overlap) join its overrides."""
-    return Row(name, method, {**overrides, **(options or {})}, labels, paper or {}, skip=skip)
+    return Row(name, method, {**overrides, **(options or {})}, labels, paper or {}, skip, count_anyway)
 
 
 def bert_params(

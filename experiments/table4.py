@@ -29,7 +29,8 @@ def ranks_n(profile: str) -> tuple[int, str | None]:
     if profile == "tiny":
         return 2, None
     n = torch.cuda.device_count()
-    return n, None if n >= 2 else f"needs 2 or more GPUs for NCCL ranks; this machine has {n}"
+    # Without them the row keeps the paper's N: a count (fake process group) takes it, a measurement skips it.
+    return (n, None) if n >= 2 else (PAPER_N, f"needs 2 or more GPUs for NCCL ranks; this machine has {n}")
 
 
 def base(profile: str) -> dict:
@@ -58,6 +59,7 @@ def rows(profile: str) -> list[Row]:
                     {"throughput": PAPER[paper_gpus][u]},
                     options=L2L_OPTIONS,
                     skip=skip,
+                    count_anyway=True,  # GPUs are what it lacks, and a count needs none
                 )
             )
     return out

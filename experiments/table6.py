@@ -108,6 +108,7 @@ def rows(profile: str) -> list[Row]:
                 paper,
                 options={"stash": "cpu", "overlap": "on"},
                 skip=skip,
+                count_anyway=hidden > 0,  # only the host's memory stands in the way, which a count does not use
             )
         )
     return out

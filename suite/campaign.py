@@ -28,6 +28,7 @@ CUDA_TESTS = (
     "tests/l2l/test_l2l_cuda.py",
     "tests/pipeline/test_pipeline_exec_cuda.py",
     "tests/test_campaign_cuda.py",
+    "tests/test_counting_cuda.py",
 )
 BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)
 JUNIT = {"failure": "failed", "error": "errors", "skipped": "skipped"}

@@ -99,7 +99,7 @@ def count_cell(run, device, cap) -> dict:
         return count_rank(run, target, limit)
     # Ranks are stage-major (rank = stage * width + replica): replica 0 of each stage, or data-parallel rank 0.
     ranks = [0] if cls.shards_batch else list(range(0, world, cls.resolved_options(run)["width"]))
-    per_rank = [count_rank(run, target, limit, rank, world) for rank in ranks]
+    per_rank = _count_ranks(run, target, limit, ranks, world)
     worst = max(per_rank, key=lambda m: m["device_peak_allocated"])
     return {
         **worst,
@@ -108,6 +108,20 @@ def count_cell(run, device, cap) -> dict:
         "rank_breakdown": [m["device_breakdown"] for m in per_rank],
         "memory_worst_rank_gb": worst["memory_gb"],
     }
+
+
+def _count_ranks(run, device, limit, ranks: list[int], world: int) -> list[dict]:
+    """count_rank of each rank, in parallel processes (one per core; fresh ones: the fake group is per process).
+    A rank past the cap raises out-of-memory here, as it would have there."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if len(ranks) == 1:
+        return [count_rank(run, device, limit, ranks[0], world)]
+    workers = min(len(ranks), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(count_rank, run, device, limit, r, world) for r in ranks]
+        return [f.result() for f in futures]
 
 
 def count_rank(run, device, limit, rank: int = 0, world: int = 1, round_to: int | None = None) -> dict:

@@ -210,7 +210,7 @@ def run_cells(
     nodes = (nodes or Nodes()).validate()
     mode = tracking.resolve_mode(wandb_mode)
     cells = (
-        counted(exp.cells(profile, only, overrides, device_memory))
+        counted(exp.cells(profile, only, overrides, device_memory, counting=True))
         if measure == "count"
         else (exp.cells(profile, only, overrides, device_memory))
     )
@@ -247,9 +247,13 @@ def run_cells(
         else:
             todo.append(cell)
     if todo:
+        how = (
+            "memory counted on fake tensors, once per cell"
+            if measure == "count"
+            else f"throughput cells in {rounds} interleaved round(s)"
+        )
         progress(
-            f"measuring {len(todo)} cell(s) on {here}, sweep {sweep_id}: throughput cells in {rounds} "
-            "interleaved round(s)"
+            f"{'counting' if measure == 'count' else 'measuring'} {len(todo)} cell(s) on {here}, sweep {sweep_id}: {how}"
         )
     done = {c.key: done.get(c.key, []) for c in todo}
     for cell in [c for c in todo if len(done[c.key]) >= (rounds if c.kind in TIMED else 1)]:

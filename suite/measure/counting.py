@@ -15,6 +15,7 @@ from suite.measure.memory import new_storages
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
 ROLES = ("parameters", "gradients", "optimizer", "stash", "transient")
 PLACES = ("device", "host")
+SPLIT_STEP = 1e-3  # a peak is split by role again once it passes the last split by this fraction
 # What a count cannot see, each its own term beside the counted peak (never folded into it).
 NOT_COUNTED = (
     "CUDA context and kernels (outside the allocator: not in max_memory_allocated; ~0.3-0.6 GB in nvidia-smi), "
@@ -73,10 +74,12 @@ class Ledger(TorchDispatchMode):
                 self._snapshot(place)  # about to fall from a peak: say what held it
                 self.live[place] -= size
                 del self.sizes[key]
-        self.saved.intersection_update(self.sizes)
+                self.saved.discard(key)
 
     def _snapshot(self, place: str) -> None:
-        if self.live[place] != self.peak[place] or self._snapped[place] >= self.peak[place]:
+        # A peak that creeps up (a few bytes kept per layer) would be split again at every layer, each time over
+        # every storage: a new split only past SPLIT_STEP above the last, the rest added to `transient` at the end.
+        if self.live[place] != self.peak[place] or self.peak[place] <= self._snapped[place] * (1 + SPLIT_STEP):
             return
         self._snapped[place] = self.peak[place]
         role_of = {}
@@ -106,6 +109,9 @@ class Ledger(TorchDispatchMode):
         self.settle()
         for place in PLACES:
             self._snapshot(place)  # a peak still standing at the end
+            split = self.breakdown[place]
+            if split:  # what the peak gained after its last split (at most SPLIT_STEP of it)
+                split["transient"] += self.peak[place] - sum(split.values())
 
 
 def count(
@@ -149,7 +155,7 @@ def count(
     if hosted:
         out.update(
             host_peak_bytes=ledger.peak["host"],
-            host_gb=ledger.peak["host"] / 1e9,
+            host_peak_gb=ledger.peak["host"] / 1e9,
             host_resident_bytes=resident["host"],
             host_breakdown=ledger.breakdown["host"],
         )
