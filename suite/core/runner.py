@@ -252,9 +252,8 @@ def run_cells(
             if measure == "count"
             else f"throughput cells in {rounds} interleaved round(s)"
         )
-        progress(
-            f"{'counting' if measure == 'count' else 'measuring'} {len(todo)} cell(s) on {here}, sweep {sweep_id}: {how}"
-        )
+        verb = "counting" if measure == "count" else "measuring"
+        progress(f"{verb} {len(todo)} cell(s) on {here}, sweep {sweep_id}: {how}")
     done = {c.key: done.get(c.key, []) for c in todo}
     for cell in [c for c in todo if len(done[c.key]) >= (rounds if c.kind in TIMED else 1)]:
         todo.remove(cell)  # resumed with as many rounds as this call asks for: finish it as it stands
