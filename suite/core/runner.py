@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -263,6 +264,10 @@ def run_cells(
         )
     coord = Coordinator.host(nodes, progress) if nodes.multi else None  # node 0 holds the rendezvous
     longest, left, completed = 0.0, [], False
+    # Counts are not timings: they run side by side, one per core (each its own process), and are taken in order.
+    parallel = measure == "count" and coord is None and deadline is None
+    ahead = ThreadPoolExecutor(os.cpu_count() or 1) if parallel else None
+    counts = {c.key: ahead.submit(run_cell, c, timeout) for c in todo if not done[c.key]} if ahead else {}
     try:
         for r in range(1, rounds + 1):
             for cell in todo:
@@ -277,6 +282,8 @@ def run_cells(
                 started = time.time()
                 if coord is not None and world_of(cell) > 1:
                     done[cell.key].append(run_cell_on_nodes(cell, timeout, coord, sweep_id, tag))
+                elif cell.key in counts:
+                    done[cell.key].append(counts.pop(cell.key).result())
                 else:
                     done[cell.key].append(run_cell(cell, timeout))
                 longest = max(longest, time.time() - started)
@@ -304,6 +311,8 @@ def run_cells(
                     raise KeyboardInterrupt
         completed = True
     finally:
+        if ahead is not None:
+            ahead.shutdown(cancel_futures=True)
         if coord is not None:
             coord.finish(wait=completed)  # the other nodes stop following
     if left:
