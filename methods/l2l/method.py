@@ -44,6 +44,7 @@ class L2L(Method):
 
     precisions = ("fp32",)
     hosts_state = True
+    steady_after = 0  # slots, param server and optimizer state are made when built (tests/test_counting.py)
     dist_check_module = "methods.l2l.dist_check"
     options = {
         "stash": Option("gpu", ("gpu", "cpu"), "where boundary activations wait for the backward"),

@@ -61,6 +61,7 @@ class Method(ABC):
     # so that device and host storages differ in type and are counted apart.
     hosts_state: ClassVar[bool] = False
     # Steps after which the method's memory is steady (every lazily made buffer made): a count warms up as many.
+    # 0 when the first step's peaks are the steady ones already (tested where it is claimed).
     steady_after: ClassVar[int] = 1
     dist_check_module: ClassVar[str | None] = None
 

@@ -28,10 +28,11 @@ def real(run) -> dict:
     return {"resident": method.resident_device_bytes(), "step_peak": tracker.peak}
 
 
-def counted(run, device: str, round_to: int = 1, limit=None) -> dict:
+def counted(run, device: str, round_to: int = 1, limit=None, warmup: int = 1) -> dict:
     build = lambda: build_method(run, torch.device(device))  # noqa: E731
+    batches = lambda: synthetic_batches(run, padded=False)  # noqa: E731
     try:
-        return count(build, lambda: synthetic_batches(run, padded=False), torch.device(device), 1, round_to, limit)
+        return count(build, batches, torch.device(device), warmup, round_to, limit)
     except torch.OutOfMemoryError as exc:
         return {"oom": str(exc), **getattr(exc, "metrics", {})}
 
@@ -45,7 +46,8 @@ def main(cases: list[dict]) -> list[dict]:
             world, cpu = case["world"], torch.device("cpu")
             out.append({"ranks": [count_rank(run, cpu, None, r, world, case.get("round_to", 1)) for r in range(world)]})
             continue
-        got = {"counted": counted(run, case.get("device", "cpu"), case.get("round_to", 1), case.get("limit"))}
+        where = case.get("device", "cpu")
+        got = {"counted": counted(run, where, case.get("round_to", 1), case.get("limit"), case.get("warmup", 1))}
         if case.get("real"):
             got["real"] = real(run)
         out.append(got)
