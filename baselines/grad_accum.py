@@ -16,6 +16,7 @@ class GradAccum(Method):
     """The whole model on the device; micro-batches run one after another, gradients accumulate."""
 
     options = {"recompute": Option("off", ("off", "on"), "on: keep only block inputs, recompute in the backward")}
+    steady_after = 0  # weights and optimizer state exist when built; gradients are made anew in every step
 
     def __init__(self, model, run, device):
         super().__init__(model, run, device)

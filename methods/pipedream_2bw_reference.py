@@ -37,6 +37,8 @@ class TwoBWReference(GradAccum):
     steps this equals pipedream-2bw's weights once its stream has drained (N updates).
     """
 
+    steady_after = 1  # W(t-1) is kept from the first step on
+
     def __init__(self, model, run, device):
         super().__init__(model, run, device)
         self.opt = _OnCurrentWeights(self.opt, self)

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from suite.harness.optim import Lamb, LayerwiseOptimizer
+from suite.harness.optim import LayerwiseOptimizer
 
 
 def _host_buffer(numel: int, dtype: torch.dtype, pin: bool, zero: bool = False) -> torch.Tensor:
@@ -14,25 +14,6 @@ def _host_buffer(numel: int, dtype: torch.dtype, pin: bool, zero: bool = False) 
     # host goes on; pageable memory would be staged through a driver buffer, synchronously.
     make = torch.zeros if zero else torch.empty
     return make(numel, dtype=dtype, pin_memory=pin)
-
-
-def preallocate_state(opt: LayerwiseOptimizer) -> None:
-    """Create each optimizer's per-parameter state now, in the form its step() would create lazily,
-    so that no optimizer step allocates state inside the training loop."""
-    for o in opt.opts:
-        if o is None:
-            continue
-        for group in o.param_groups:
-            for p in group["params"]:
-                if isinstance(o, Lamb):
-                    o.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                elif isinstance(o, torch.optim.AdamW) and not (group["fused"] or group["capturable"]):
-                    # torch keeps a non-fused, non-capturable step count as a 0-d CPU tensor.
-                    o.state[p] = dict(
-                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
-                    )
-                    if group["amsgrad"]:
-                        o.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
 
 
 class HostParamServer:
@@ -72,8 +53,7 @@ class HostParamServer:
             self.wire.append(_host_buffer(numel, wire_dtype, pin).copy_(flat) if cmp else flat)
             self.landing.append(_host_buffer(numel, wire_dtype, pin) if cmp else grad)
         self.grads = [[p.grad for _, p in named] for named in self.named]
-        self.opt = LayerwiseOptimizer(self.named, run)
-        preallocate_state(self.opt)
+        self.opt = LayerwiseOptimizer(self.named, run)  # its state made now, beside the masters
         self.busy_seconds = 0.0  # host time spent preparing and updating (not waiting for copies)
 
     @property

@@ -76,6 +76,8 @@ class PipelineMethod(Method):
     dist_check_module: ClassVar[str] = "methods.pipeline.executors.dist_check"
     # Weight versions each stage holds: 1 for flush schedules, 2 for 2BW's double buffer.
     stage_versions: ClassVar[int] = 1
+    # Flush schedules: weights and optimizer state exist when built, the rest is made anew in every step.
+    steady_after: ClassVar[int] = 0
     # Steps of the schedule validated at start-up (2BW: enough to contain every distinct window).
     schedule_steps: ClassVar[int] = 1
 

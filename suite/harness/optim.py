@@ -30,7 +30,9 @@ class Lamb(torch.optim.Optimizer):
                 continue
             grads = [p.grad for p in params]
             for p in params:
-                if not self.state[p]:
+                s = self.state[p]
+                # Made lazily, or again when made before the weights were converted (model.double() after build).
+                if not s or (s["step"] == 0 and (s["exp_avg"].dtype, s["exp_avg"].device) != (p.dtype, p.device)):
                     self.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             states = [self.state[p] for p in params]
             m = [s["exp_avg"] for s in states]
@@ -78,6 +80,25 @@ class LayerwiseOptimizer:
     def __init__(self, layers: list[list[tuple[str, nn.Parameter]]], run):
         self.run = run
         self.opts = [self._make([(n, p) for n, p in named if p.requires_grad]) for named in layers]
+        self._preallocate()
+
+    def _preallocate(self) -> None:
+        """Create each optimizer's per-parameter state now, in the form its step() would create lazily, so that
+        no step allocates state: a method's memory is steady from its first step (a count needs no warm-up)."""
+        for o in self.opts:
+            if o is None:
+                continue
+            for group in o.param_groups:
+                for p in group["params"]:
+                    if isinstance(o, Lamb):
+                        o.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                    elif isinstance(o, torch.optim.AdamW) and not (group["fused"] or group["capturable"]):
+                        # torch keeps a non-fused, non-capturable step count as a 0-d CPU tensor.
+                        o.state[p] = dict(
+                            step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                        )
+                        if group["amsgrad"]:
+                            o.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
 
     def _make(self, named):
         decay = [p for n, p in named if not _no_decay(n)]
