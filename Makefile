@@ -55,7 +55,7 @@ $(MIMIC_STAMP): Makefile
 
 test-mimic: $(MIMIC_STAMP)
 	@$(MIMIC_PY) -c "import importlib.util as u, sys, platform, torch, transformers; \
-	extra = [m for m in '$(MIMIC_ABSENT)'.split() if u.find_spec(m)]; \
+	extra = [m for m in '$(MIMIC_ABSENT)'.split() if getattr(u.find_spec(m), 'origin', None)]; \
 	extra and sys.exit(f'$(MIMIC_VENV) has {extra}, which the GPU machine lacks: make clean-venv-mimic'); \
 	print(f'mimic: Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}')"
 	PYTHONPATH=. $(MIMIC_PY) -m pytest -q -rs
