@@ -180,6 +180,8 @@ def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from suite.core.runner import MEASURES
+
     p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="methods, experiments and profiles").set_defaults(fn=_list)
@@ -200,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data-dir", metavar="PATH", help="folder of GLUE TSVs (task folders with train/dev.tsv)")
     r.add_argument(
         "--measure",
-        choices=["time", "count"],
+        choices=MEASURES,
         default="time",
         help="time: run and measure (default); count: count each cell's memory on fake tensors (no data, any machine)",
     )

@@ -86,8 +86,8 @@ def throughput_cell(run, device, cap) -> dict:
 def count_cell(run, device, cap) -> dict:
     """The method's own step on fake tensors, counted on this machine's CPU whatever it has: memory, not time.
     Past the cap (the paper's 16 GiB) the count raises out-of-memory, as the device would. Several ranks are
-    counted one after another in this process, each in a fake process group (its collectives and transfers
-    move nothing): a data-parallel cell's rank 0, a pipeline's first replica of every stage."""
+    counted each in a fake process group (its collectives and transfers move nothing), in processes of their
+    own: a data-parallel cell's rank 0, a pipeline's first replica of every stage."""
     from suite.core import registry
     from suite.measure.memory import apply_device_memory_cap
 

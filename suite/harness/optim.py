@@ -22,6 +22,11 @@ class Lamb(torch.optim.Optimizer):
             params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         )
 
+    @staticmethod
+    def fresh_state(p: torch.Tensor) -> dict:
+        """A parameter's state before its first step."""
+        return dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
@@ -33,7 +38,7 @@ class Lamb(torch.optim.Optimizer):
                 s = self.state[p]
                 # Made lazily, or again when made before the weights were converted (model.double() after build).
                 if not s or (s["step"] == 0 and (s["exp_avg"].dtype, s["exp_avg"].device) != (p.dtype, p.device)):
-                    self.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                    self.state[p] = self.fresh_state(p)
             states = [self.state[p] for p in params]
             m = [s["exp_avg"] for s in states]
             v = [s["exp_avg_sq"] for s in states]
@@ -91,7 +96,7 @@ class LayerwiseOptimizer:
             for group in o.param_groups:
                 for p in group["params"]:
                     if isinstance(o, Lamb):
-                        o.state[p] = dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                        o.state[p] = Lamb.fresh_state(p)
                     elif isinstance(o, torch.optim.AdamW) and not (group["fused"] or group["capturable"]):
                         # torch keeps a non-fused, non-capturable step count as a 0-d CPU tensor.
                         o.state[p] = dict(

@@ -14,6 +14,7 @@ from typing import Any
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
 from suite.core.rounds import RATES, spread
+from suite.measure.counting import ROLES
 from suite.measure.machine import describe
 from suite.records.store import all_records, machine_of
 
@@ -259,9 +260,6 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
     return "\n".join(md) + "\n", buf.getvalue()
 
 
-COUNTED_ROLES = ("parameters", "gradients", "optimizer", "stash", "transient")
-
-
 def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
     """Markdown lines splitting each counted record's peaks by role, device and host (none without counts)."""
     counted = [(c, r) for c, r in zip(cells, records) if r and "device_breakdown" in _metrics(r)]
@@ -271,8 +269,8 @@ def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
     def gb(x) -> str:
         return "" if x is None else f"{x / 1e9:.3f}"
 
-    head = ["row", "status", "device peak"] + [f"device {k}" for k in COUNTED_ROLES]
-    head += ["host peak"] + [f"host {k}" for k in COUNTED_ROLES] + ["per counted rank (device)"]
+    head = ["row", "status", "device peak"] + [f"device {k}" for k in ROLES]
+    head += ["host peak"] + [f"host {k}" for k in ROLES] + ["per counted rank (device)"]
     md = [
         "Counted memory by role (GB; at each place's peak; `stash`: activations kept for a backward, saved by "
         "autograd or held by the method's stash; `transient`: every other activation and temporary):",
@@ -284,8 +282,8 @@ def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
         m = _metrics(rec)
         dev, host = m.get("device_breakdown") or {}, m.get("host_breakdown") or {}
         line = [cell.row.name, rec["status"], gb(m.get("device_peak_allocated"))]
-        line += [gb(dev.get(k)) for k in COUNTED_ROLES] + [gb(m.get("host_peak_bytes"))]
-        line += [gb(host.get(k)) for k in COUNTED_ROLES]
+        line += [gb(dev.get(k)) for k in ROLES] + [gb(m.get("host_peak_bytes"))]
+        line += [gb(host.get(k)) for k in ROLES]
         line.append(" / ".join(gb(b) for b in m.get("rank_memory", [])))
         md.append("| " + " | ".join(line) + " |")
     told = next((_metrics(r).get("not_counted") for _, r in counted if _metrics(r).get("not_counted")), None)
