@@ -106,19 +106,20 @@ plan: $(STAMP)
 	$(PY) -m suite plan $(PLAN_FLAGS)
 
 # PipeDream-2BW paper Figures 6-9: measured (torchrun ranks) and projected (the planner at the paper's scale) rows.
-2bw-fig6 2bw-fig8 2bw-fig9: $(STAMP)
+2bw-fig6 2bw-fig8: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) $(RUN_FLAGS)
-2bw-fig7: $(STAMP)
+2bw-fig7 2bw-fig9: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(RUN_FLAGS)
 
 # Every counted paper-scale table (README "Counting memory at the papers' scale"): memory counted on fake
 # tensors, on any machine, in one command. Table 6 counts the paper's 17B model (its other row is the widest
-# model this host could run, a measurement's question). Figure 7 counts GPT-2.2B on 8 stages at batch 16 for the three
-# schedules and GPipe at batch 64 (the paper's out-of-memory case); its other rows are one --only away.
-COUNT_FIG7 ?= projected-gpipe-B16-rc1 projected-pipedream-flush-B16-rc1 projected-pipedream-2bw-B16-rc1 \
-	projected-gpipe-B64-rc1
+# model this host could run, a measurement's question). Figure 7 counts GPT-2.2B on 8 stages at batch 16, 32 and 64
+# for the three schedules, with recomputation (the paper's out-of-memory case); the rows without are one --only
+# away. Figure 9 searches the largest model 2BW fits at every depth, over counts.
+COUNT_FIG7 ?= $(foreach b,16 32 64,$(foreach s,gpipe pipedream-flush pipedream-2bw,projected-$(s)-B$(b)-rc1))
+COUNT_FIG9 ?= $(foreach d,1 2 4 8 16 32 64,projected-d$(d))
 # Two groups side by side (each runs its counts two at a time): Tables 2-5, and the largest counts (Table 6's
-# 17B model, Figure 7's 8-stage pipelines), so that a long count never leaves a core idle.
+# 17B model, Figure 7's and 9's pipelines), so that a long count never leaves a core idle.
 counted: $(STAMP)
 	$(MAKE) --no-print-directory -j2 counted-l2l counted-large
 counted-l2l: $(STAMP)
@@ -127,6 +128,7 @@ counted-l2l: $(STAMP)
 counted-large: $(STAMP)
 	$(PY) -m suite run table6 --profile paper --measure count --only turing-17b $(RUN_FLAGS)
 	$(PY) -m suite run 2bw-fig7 --profile paper --measure count $(foreach r,$(COUNT_FIG7),--only $(r)) $(RUN_FLAGS)
+	$(PY) -m suite run 2bw-fig9 --profile paper --measure count $(foreach r,$(COUNT_FIG9),--only $(r)) $(RUN_FLAGS)
 
 2bw-figs: 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9
 

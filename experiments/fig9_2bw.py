@@ -129,20 +129,31 @@ def figure(exp, results_dir):
         return []
     cells, records, fig, axes = drawn
     ax = axes[0][0]
-    pts = [
-        (c.row.labels["d"], r["metrics"]["max_params_billion"])
-        for c, r in zip(cells, records)
-        if c.row.labels["source"] == "projected" and r and r["status"] == "ok"
-    ]
-    if pts:
-        ax.plot(*zip(*pts), marker="o", label="ours: planner memory model")
+    from suite.report import tables
+
+    # The planner's and the counts' largest models side by side, whichever sections hold them.
+    sections = tables.sections(exp, results_dir)
+    for title, sec_cells, sec_records in sections:
+        pts = [
+            (c.row.labels["d"], r["metrics"]["max_params_billion"])
+            for c, r in zip(sec_cells, sec_records)
+            if c.row.labels["source"] == "projected" and r and r["status"] == "ok"
+        ]
+        if pts:
+            kind = "counted: 2BW's own code on fake tensors" if "counted" in title else "planner memory model"
+            ax.plot(*zip(*pts), marker="o", label=f"ours, {kind}")
     ax.plot([64], [30], marker="*", ms=12, ls="", color="tab:red", label="paper: almost 30B at d=64")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("pipeline depth d (w = 64 / d)")
     ax.set_ylabel("largest model (billion parameters)")
-    ax.set_title("projected: 64 V100-16GB, 2BW, recompute, b=1, m=d", fontsize=9)
+    ax.set_title("64 V100-16GB, 2BW, recompute, b=1, m=d (projected and counted)", fontsize=9)
     ax.legend(fontsize=7)
     ax = axes[0][1]
+    # The measured check from the newest section that ran it (a counted section does not).
+    cells, records = next(
+        ((c, r) for _, c, r in sections if any(rr and cc.row.labels["source"] == "measured" for cc, rr in zip(c, r))),
+        (cells, records),
+    )
     labels, colors, values = [], [], []
     for c, r in zip(cells, records):
         if c.row.labels["source"] == "measured profile" and r and r["status"] == "ok":
@@ -189,6 +200,10 @@ EXPERIMENT = pf.FigureExperiment(
         f"predicts the most blocks under a cap ({', '.join(f'{k} {v}' for k, v in CAPS.items())}) "
         "for d x w = 2 ranks; real 2BW runs at that count "
         "one less and two more check it (the CPU live-bytes tracker raises OOM past the cap on a rank); an "
-        "uncapped run at the predicted count gives the measured worst rank beside the predicted worst stage."
+        "uncapped run at the predicted count gives the measured worst rank beside the predicted worst stage. "
+        "Counted (--measure count, `make counted`): the projected rows' search runs over counts of our FP32 2BW "
+        "itself (methods/pipeline/planner/largest.py): from the planner's answer under the same 16 GB cap, "
+        "block counts up and down until the largest whose worst counted stage fits and the next that does not; "
+        "each count follows the first stage of each kind (first, last, each distinct set of middle layers)."
     ),
 )

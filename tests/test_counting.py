@@ -198,3 +198,84 @@ def test_measure_count_refuses_cells_that_build_no_method():
 
     with pytest.raises(ConfigError, match="--measure count"):
         counted(get_experiment("table7").cells("tiny"))
+
+
+@pytest.mark.parametrize("method", ["gpipe", "pipedream-flush", "pipedream-2bw"])
+def test_the_counted_stages_hold_the_worst_one(method):
+    """Method.counted_ranks of a pipeline names the first stage of each kind (first, last, each distinct set of
+    middle layers); every stage counted, none of the others holds more than the counted one of its kind."""
+    from suite.config.run import RunConfig
+    from suite.core import registry
+    from suite.core.experiment import all_experiments
+
+    all_experiments()
+    c = case(method, "fp32", {"stages": 4, "executor": "dist", "recompute": True}, layers=6)
+    c["run"].update(num_micro_batches=8)
+    run = RunConfig.from_dict(c["run"]).validate()
+    picked = registry.get(method).counted_ranks(run)
+    assert picked[0] == 0 and picked[-1] == 3 and len(picked) < 4  # 8 layers on 4 stages: two middles alike
+    (got,) = probe([{**c, "world": 4}])
+    every = [r["device_peak_allocated"] for r in got["ranks"]]
+    assert max(every) == max(every[r] for r in picked), (picked, every)
+    for s in set(range(4)) - set(picked):
+        assert every[s] <= max(every[r] for r in picked if 0 < r < 3), (s, picked, every)
+
+
+def test_a_one_f_one_b_last_stage_holds_no_more_for_more_micro_batches():
+    """The head's logits (batch x seq x vocab) are kept in each micro-batch's context for evaluation; a pipeline
+    keeps every context of a step, so its last stage drops them once the loss is taken. Without that the last
+    stage grew by a micro-batch's logits per micro-batch (23.0 GB instead of 9.9 at Figure 9's d = 64)."""
+    opts = {"stages": 2, "executor": "dist", "recompute": True}
+    cases = []
+    for m in (2, 8):
+        c = case("pipedream-flush", "fp32", opts, world=2)
+        c["run"].update(num_micro_batches=m, model={"family": "gpt2"})  # a language model: logits over the vocab
+        cases.append(c)
+    few, many = (g["ranks"][1]["device_peak_allocated"] for g in probe(cases))
+    # What does grow: each micro-batch's int64 inputs and labels of 4 x 32 and their copies (8 KiB a micro-batch
+    # here); the logits would add 4 x 32 x 1024 FP32 = 512 KiB a micro-batch.
+    assert 0 <= many - few <= 6 * 16 * 1024
+
+
+def test_the_largest_count_search_finds_the_edge_from_any_guess():
+    from methods.pipeline.planner.largest import search
+
+    calls = []
+
+    def fits(n):
+        calls.append(n)
+        return n <= 37
+
+    assert search(fits, 37, 1) == 37 and calls == [37, 38]  # a right guess: two counts
+    for guess in (1, 5, 36, 38, 60, 500):
+        assert search(lambda n: n <= 37, guess, 1) == 37, guess
+    assert search(lambda n: n <= 3, 10, 3) == 3
+    assert search(lambda n: False, 10, 3) == 0  # not even the least fits
+    assert search(lambda n: True, 10, 3, most=40) == 40
+
+
+def test_figure9_counted_searches_the_largest_model_over_counts(tmp_path, monkeypatch):
+    """2bw-fig9's projected rows under --measure count: the most blocks whose counted worst stage fits, the
+    planner's guess beside it and every count the search made; one block more is out of memory."""
+    from suite.core.experiment import get_experiment
+    from suite.sweep import sweep
+
+    monkeypatch.setenv("SUITE_MACHINE", "counter")
+    exp = get_experiment("2bw-fig9")
+    over = ["model.hidden=64", "model.heads=2", "model.intermediate=256", "model.vocab_size=512", "seq_len=32"]
+    (rec,) = sweep(
+        exp,
+        "tiny",
+        ["projected-d2"],
+        device_memory="4MB",
+        overrides=over,
+        results_dir=tmp_path,
+        wandb_mode="off",
+        progress=lambda m: None,
+        measure="count",
+    )
+    assert rec["status"] == "ok", rec.get("error")
+    m = rec["metrics"]
+    n = m["max_layers"]
+    assert m["searched"][str(n + 1)] == "oom" and m["searched"][str(n)] == m["memory_worst_rank_gb"] <= 0.004
+    assert n >= 2 and m["counted_ranks"] == [0, 32] and "planner_guess" in m

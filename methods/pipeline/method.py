@@ -91,6 +91,23 @@ class PipelineMethod(Method):
         return o["stages"] * o["width"] if o["executor"] == "dist" else 1
 
     @classmethod
+    def counted_ranks(cls, run) -> list[int]:
+        """Replica 0 of the first stage of each kind: the first, the last, and per distinct set of middle layers
+        the earliest. A later stage with the same layers holds no more: in every schedule here it stashes no
+        more micro-batches (GPipe all m, 1F1B and 2BW d - stage), so the worst rank is among these."""
+        from suite.core.check import build_model
+
+        o = cls.resolved_options(run)
+        d = o["stages"]
+        with torch.device("meta"):  # sizes only: no bytes, no init worth the time
+            model = build_model(run.model, run.seed)
+        sizes = [sum(p.numel() for _, p in model.layer_named_parameters(i)) for i in range(model.num_layers)]
+        first_of: dict[tuple, int] = {}
+        for s, layers in enumerate(split_layers(model, d)):
+            first_of.setdefault((s == 0, s == d - 1, tuple(sizes[i] for i in layers)), s)
+        return sorted(s * o["width"] for s in first_of.values())
+
+    @classmethod
     def check_config(cls, run) -> None:
         super().check_config(run)
         o = cls.resolved_options(run)

@@ -16,11 +16,13 @@ from suite.config.errors import ConfigError
 CELL_KINDS = {}
 METHODLESS: set[str] = set()  # kinds that never build the cell's method (a projection): nothing of it to check
 TIMED = {"throughput"}  # kinds whose figure is a rate: measured in interleaved rounds
+ONE_PROCESS: set[str] = set()  # kinds that follow a multi-rank method's ranks themselves (counts): no torchrun
 
 
-def cell_kind(name: str, builds_method: bool = True, timed: bool = False):
+def cell_kind(name: str, builds_method: bool = True, timed: bool = False, one_process: bool = False):
     """Register a function that runs a cell kind: (run, device, cap) -> metrics dict. `timed`: its throughput
-    is the cell's figure, so a sweep measures it in rounds."""
+    is the cell's figure, so a sweep measures it in rounds. `one_process`: launched as one process whatever
+    the method's rank count."""
 
     def deco(fn):
         CELL_KINDS[name] = fn
@@ -28,6 +30,8 @@ def cell_kind(name: str, builds_method: bool = True, timed: bool = False):
             METHODLESS.add(name)
         if timed:
             TIMED.add(name)
+        if one_process:
+            ONE_PROCESS.add(name)
         return fn
 
     return deco
@@ -82,12 +86,12 @@ def throughput_cell(run, device, cap) -> dict:
     return m
 
 
-@cell_kind("count")
+@cell_kind("count", one_process=True)
 def count_cell(run, device, cap) -> dict:
     """The method's own step on fake tensors, counted on this machine's CPU whatever it has: memory, not time.
     Past the cap (the paper's 16 GiB) the count raises out-of-memory, as the device would. Several ranks are
     counted each in a fake process group (its collectives and transfers move nothing), in processes of their
-    own: a data-parallel cell's rank 0, a pipeline's first replica of every stage."""
+    own: the ranks the method names (Method.counted_ranks), whose worst is the cell's figure."""
     from suite.core import registry
     from suite.measure.memory import apply_device_memory_cap
 
@@ -97,8 +101,7 @@ def count_cell(run, device, cap) -> dict:
     world = cls.world_size(run)
     if world == 1:
         return count_rank(run, target, limit)
-    # Ranks are stage-major (rank = stage * width + replica): replica 0 of each stage, or data-parallel rank 0.
-    ranks = [0] if cls.shards_batch else list(range(0, world, cls.resolved_options(run)["width"]))
+    ranks = cls.counted_ranks(run)
     per_rank = _count_ranks(run, target, limit, ranks, world)
     worst = max(per_rank, key=lambda m: m["device_peak_allocated"])
     return {
@@ -114,13 +117,19 @@ def _count_ranks(run, device, limit, ranks: list[int], world: int) -> list[dict]
     """count_rank of each rank, in parallel processes (one per core; fresh ones: the fake group is per process).
     A rank past the cap raises out-of-memory here, as it would have there."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
     if len(ranks) == 1:
         return [count_rank(run, device, limit, ranks[0], world)]
     workers = min(len(ranks), os.cpu_count() or 1)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(count_rank, run, device, limit, r, world) for r in ranks]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in futures if f in done and f.exception() is not None), None)
+        if failed is not None:  # one rank out of memory is the cell's verdict: the ranks not started need not run
+            for f in futures:
+                f.cancel()
+            raise failed.exception()
         return [f.result() for f in futures]
 
 

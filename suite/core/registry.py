@@ -78,6 +78,12 @@ class Method(ABC):
         return run.ranks
 
     @classmethod
+    def counted_ranks(cls, run) -> list[int]:
+        """The ranks a count must follow to find the worst one: data-parallel ranks hold alike, so rank 0;
+        ranks that each hold a part of the model, every one."""
+        return [0] if cls.shards_batch else list(range(cls.world_size(run)))
+
+    @classmethod
     def check_config(cls, run) -> None:
         """Raise a one-line ConfigError, naming the broken constraint and a valid choice, for a run this method
         cannot take; called before any process is launched (multi-rank errors would surface in every rank)."""

@@ -19,7 +19,7 @@ from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes, torchrun_command
 from suite.core import registry
-from suite.core.cell import TIMED, check_cells
+from suite.core.cell import ONE_PROCESS, TIMED, check_cells
 from suite.core.experiment import Cell, Experiment, resolve_profile
 from suite.core.nodes import Coordinator
 from suite.core.rounds import merge, resumable
@@ -37,7 +37,7 @@ def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv
 
 def world_of(cell: Cell) -> int:
     """How many ranks the cell runs on (through torchrun when more than one); a count takes every rank in one."""
-    if cell.kind == "count":
+    if cell.kind in ONE_PROCESS:
         return 1
     return registry.get(cell.run.method).world_size(cell.run) if registry.is_registered(cell.run.method) else 1
 
@@ -151,7 +151,8 @@ COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a 
 def counted(cells: list[Cell]) -> list[Cell]:
     """The cells as `count` cells: memory counted on fake tensors, one round each, their own cache keys. A
     projected pipeline row becomes a count of the method itself, each stage as its own rank would hold it; a
-    projection of a system no method runs (inter-layer MP) has no count and is left out."""
+    projection of a system no method runs (inter-layer MP) has no count and is left out; a projection's search
+    for the largest model becomes a search over counts (`count-search`, in the pipeline planner)."""
     wrong = sorted({c.kind for c in cells if c.kind not in TIMED and c.kind != COUNTABLE})
     if wrong:
         raise ConfigError(
@@ -164,6 +165,10 @@ def counted(cells: list[Cell]) -> list[Cell]:
         if c.kind == COUNTABLE:
             options = {k: v for k, v in run.options.items() if k != "projection"}
             if run.options.get("projection", {}).get("method") not in (None, run.method):
+                continue
+            if run.options["projection"].get("search") == "max_layers":  # the largest model that fits: counts decide
+                run = dataclasses.replace(run, options={**run.options, "executor": "dist"})
+                out.append(dataclasses.replace(c, run=run, kind="count-search", timeout=max(c.timeout, 1800.0)))
                 continue
             run = dataclasses.replace(run, options={**options, "executor": "dist"})
         out.append(dataclasses.replace(c, run=run, kind="count", timeout=max(c.timeout, 900.0)))

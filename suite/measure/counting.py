@@ -128,11 +128,13 @@ def count(
 
     A method whose state lives on the host (L2L) is built on the `meta` device, so that its device and host
     tensors differ in type; its host work runs in line (the ledger follows one thread)."""
-    ledger = Ledger(device.type, round_to, limit)
+    # No cap while building: a real build makes the whole model on the host first, and a pipeline stage keeps only
+    # its own layers; counted on the CPU, that host is the device. The cap holds from the first step on.
+    ledger = Ledger(device.type, round_to)
     with FakeTensorMode(allow_non_fake_inputs=True), ledger, saved_tensors_hooks(ledger.pack, lambda t: t):
         try:
             method = build()
-            ledger.roles = method.memory_roles
+            ledger.roles, ledger.limit = method.memory_roles, limit
             stream = batches()
             for _ in range(warmup):
                 method.step(next(stream))

@@ -284,7 +284,8 @@ def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
         line = [cell.row.name, rec["status"], gb(m.get("device_peak_allocated"))]
         line += [gb(dev.get(k)) for k in ROLES] + [gb(m.get("host_peak_bytes"))]
         line += [gb(host.get(k)) for k in ROLES]
-        line.append(" / ".join(gb(b) for b in m.get("rank_memory", [])))
+        ranks = m.get("counted_ranks") or range(len(m.get("rank_memory", [])))
+        line.append(" / ".join(f"{r}: {gb(b)}" for r, b in zip(ranks, m.get("rank_memory", []))))
         md.append("| " + " | ".join(line) + " |")
     told = next((_metrics(r).get("not_counted") for _, r in counted if _metrics(r).get("not_counted")), None)
     md += ["", f"Not counted, each its own term on a GPU: {told}.", ""] if told else [""]

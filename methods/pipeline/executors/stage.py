@@ -101,6 +101,9 @@ class Stage:
             out = self.run_layers(x, ctx)
         if self.last:
             self.loss += out.detach()
+            # A step keeps every micro-batch's context; the head's logits there (read only by evaluation)
+            # would hold batch x seq x vocab per micro-batch until the step ends.
+            ctx.logits = None
         if key in self.stash:
             raise RuntimeError(f"stage {self.index}: micro-batch {key} forwarded twice")
         self.stash[key] = (x, ctx, None if self.recompute else out, version)
@@ -119,6 +122,7 @@ class Stage:
         if out is None:
             with torch.enable_grad(), self.using(version):
                 out = self.run_layers(x, ctx)
+            ctx.logits = None
         torch.autograd.backward(out, None if self.last else grad)
         return None if self.first else x.grad
 
@@ -147,7 +151,9 @@ class Stage:
         """Optimizer step number `step` (0-indexed) on every layer of the stage; gradients dropped.
         2BW: the latest version becomes the shadow and the one before it is discarded."""
         if self.double_buffered:
-            dead = self.weights.pop(self.version - 1, None)  # no later micro-batch uses it (paper §3.1)
+            # No later micro-batch uses the version before the latest (paper §3.1). It leaves self.weights only
+            # once re-homed below, so that a count still names its buffers as weights during the update.
+            dead = self.weights.get(self.version - 1)
             for j, p in enumerate(self.params):
                 # The shadow keeps the latest storage; the new version is stepped in the dead version's
                 # buffer, so a stage allocates its second weight buffer once (at the first update), never again.
@@ -155,6 +161,7 @@ class Stage:
                     p.data = p.data.clone()
                 else:
                     p.data = dead[j].data.copy_(p.data)
+            self.weights.pop(self.version - 1, None)
         for j in range(len(self.named)):
             self.opt.step_layer(j, step)
         self.zero_grad()
