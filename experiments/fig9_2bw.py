@@ -36,7 +36,7 @@ def _wide(d: int) -> pf.ProjectedRow:
     )
     row.overrides.update(
         {
-            "model.layers": WIDE["blocks"],
+            "model.layers": max(WIDE["blocks"], d - 2),  # the search's start; a block or more for every stage
             "model.hidden": WIDE["hidden"],
             "model.heads": WIDE["heads"],
             "model.intermediate": 4 * WIDE["hidden"],
