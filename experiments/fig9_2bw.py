@@ -140,8 +140,10 @@ def figure(exp, results_dir):
             if c.row.labels["source"] == "projected" and r and r["status"] == "ok"
         ]
         if pts:
-            kind = "counted: 2BW's own code on fake tensors" if "counted" in title else "planner memory model"
-            ax.plot(*zip(*pts), marker="o", label=f"ours, {kind}")
+            counted = "counted" in title
+            kind = "counted: 2BW's own code on fake tensors" if counted else "planner memory model"
+            style = {"marker": "s", "ls": "--", "ms": 9, "mfc": "none"} if counted else {"marker": "o"}
+            ax.plot(*zip(*pts), label=f"ours, {kind}", **style)
     ax.plot([64], [30], marker="*", ms=12, ls="", color="tab:red", label="paper: almost 30B at d=64")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("pipeline depth d (w = 64 / d)")
