@@ -11,7 +11,7 @@ RUN_FLAGS ?=
 # MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
 MEASURE ?= time
 
-.PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-large list gpu-campaign clean-venv clean-venv-mimic
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -113,21 +113,21 @@ plan: $(STAMP)
 
 # Every counted paper-scale table (README "Counting memory at the papers' scale"): memory counted on fake
 # tensors, on any machine, in one command. Table 6 counts the paper's 17B model (its other row is the widest
-# model this host could run, a measurement's question). Figure 7 counts GPT-2.2B on 8 stages at batch 16 and 64 (the
-# paper's claims: GPipe out of memory, 2BW between Flush and GPipe) for the three schedules, with recomputation;
-# batch 32 and the rows without recomputation are one --only away. Figure 9 searches the largest model 2BW fits at
-# every depth, over counts.
-COUNT_FIG7 ?= $(foreach b,16 64,$(foreach s,gpipe pipedream-flush pipedream-2bw,projected-$(s)-B$(b)-rc1))
+# model this host could run, a measurement's question). Figure 7 counts GPT-2.2B on 8 stages at batch 64, where the
+# paper makes its claims (GPipe out of memory, 2BW between Flush and GPipe), for the three schedules with
+# recomputation; batch 16 and 32 and the rows without recomputation are one --only away. Figure 9 searches the largest
+# model 2BW fits at every depth, over counts.
+COUNT_FIG7 ?= $(foreach s,gpipe pipedream-flush pipedream-2bw,projected-$(s)-B64-rc1)
 COUNT_FIG9 ?= $(foreach d,1 2 4 8 16 32 64,projected-d$(d))
-# Two groups side by side (each runs its counts two at a time): Tables 2-5, and the largest counts (Table 6's
-# 17B model, Figure 7's and 9's pipelines), so that a long count never leaves a core idle.
+# Two groups side by side, of about equal work (each runs its counts two at a time): the L2L paper's tables, and
+# the 2BW paper's pipelines, so that a long count never leaves a core idle.
 counted: $(STAMP)
-	$(MAKE) --no-print-directory -j2 counted-l2l counted-large
+	$(MAKE) --no-print-directory -j2 counted-l2l counted-2bw
 counted-l2l: $(STAMP)
 	for t in table2 table3 table4 table5; do \
 		$(PY) -m suite run $$t --profile paper --measure count $(RUN_FLAGS) || exit 1; done
-counted-large: $(STAMP)
 	$(PY) -m suite run table6 --profile paper --measure count --only turing-17b $(RUN_FLAGS)
+counted-2bw: $(STAMP)
 	$(PY) -m suite run 2bw-fig7 --profile paper --measure count $(foreach r,$(COUNT_FIG7),--only $(r)) $(RUN_FLAGS)
 	$(PY) -m suite run 2bw-fig9 --profile paper --measure count $(foreach r,$(COUNT_FIG9),--only $(r)) $(RUN_FLAGS)
 
