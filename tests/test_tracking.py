@@ -59,6 +59,7 @@ def runs(tmp_path_factory):
                 status="ok",
                 mode="offline",
                 dir=str(root / "out"),
+                history=HISTORY,
             )
             table = tracking.log_table(
                 experiment="exp1",
@@ -72,6 +73,11 @@ def runs(tmp_path_factory):
     return root, cell, table
 
 
+HISTORY = [
+    {"step": 0, "epoch": 0.0, "dev/accuracy": 50.0},
+    {"step": 10, "epoch": 0.5, "train/loss": 0.75, "train/lr": 1e-05, "train/samples_per_s": 120.5},
+    {"step": 20, "epoch": 1.0, "train/loss": 0.5, "train/lr": 5e-06, "dev/accuracy": 75.0, "dev/f1": None},
+]
 CONFIG = {"lr": 0.001, "batch": 8, "opt": {"betas": [0.9, 0.95]}}
 PROVENANCE = {"git": "abc123", "host": {"gpu": "H200", "n": 1}}
 SUMMARY = {
@@ -89,8 +95,16 @@ def test_cell_round_trip(runs):
     assert len(list(Path(cell).glob("run-*.wandb"))) == 1
     got = tracking.read_offline_run(cell)
     assert got["config"] == {**CONFIG, "provenance": PROVENANCE, "row": "r1", "experiment": "exp1"}
-    # NaN and None are recorded as null, which the reader's summary view omits.
-    assert got["summary"] == {"loss": 1.25, "peak_mem_gib": 12, "note": "fine", "status": "ok"}
+    # NaN and None are recorded as null, which the reader's summary view omits; W&B keeps each history key's
+    # last value in the summary as well.
+    last = {"dev/accuracy": 75, "epoch": 1, "train/loss": 0.5, "train/lr": 5e-06, "train/samples_per_s": 120.5}
+    assert got["summary"] == {"loss": 1.25, "peak_mem_gib": 12, "note": "fine", "status": "ok", **last}
+
+
+def test_cell_history_round_trip(runs):
+    """A fine-tuning run's history (training points and evaluations by step) reads back from the offline files."""
+    _, cell, _ = runs
+    assert tracking.read_offline_history(cell) == [{k: v for k, v in r.items() if v is not None} for r in HISTORY]
 
 
 def test_cell_run_identity(runs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib
 import json
@@ -117,12 +118,12 @@ class Experiment:
         rows = self.rows(profile)
         if only:
             names = [r.name for r in rows]
-            for o in only:
-                if o not in names:
+            for o in only:  # a name, or a shell pattern ('mrpc-*') that matches at least one
+                if not fnmatch.filter(names, o):
                     raise ConfigError(
                         f"experiment {self.name} has no row {o!r}{did_you_mean(o, names)}; rows: {', '.join(names)}"
                     )
-            rows = [r for r in rows if r.name in only]
+            rows = [r for r in rows if any(fnmatch.fnmatchcase(r.name, o) for o in only)]
         cells = []
         for row in rows:
             if row.skip and not (counting and row.count_anyway):

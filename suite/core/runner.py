@@ -304,9 +304,10 @@ def run_cells(
                             method=cell.row.method,
                             config=cell.resolved(),
                             provenance=record.get("provenance") or {},
-                            summary=m,
+                            summary={k: v for k, v in m.items() if k != "history"},
                             status=record["status"],
                             mode=mode,
+                            history=m.get("history"),
                         )
                         store.save(results_dir, cell.key, here, record)
                     except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell

@@ -97,8 +97,10 @@ def log_cell(
     status: str,
     mode: str,
     dir: str | None = None,
+    history: list[dict] | None = None,
 ) -> str | None:
-    """Record one cell as a W&B run; return its run directory, or None when not tracked."""
+    """Record one cell as a W&B run; return its run directory, or None when not tracked. `history`: rows with a
+    "step" key, logged in step order as the run's history (a fine-tuning run's losses and dev scores)."""
     mode = resolve_mode(mode)
     if mode == "off" or (wandb := _wandb()) is None:
         return None
@@ -113,6 +115,8 @@ def log_cell(
         config=full_config,
     )
     try:
+        for row in history or []:
+            run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=int(row["step"]))
         # NaN/None are stored as null (and inf as "Infinity") by wandb itself; nothing to sanitise.
         run.summary.update({**summary, "status": status})
         return str(run.settings.sync_dir)
@@ -137,6 +141,31 @@ def log_table(
         run.finish()
 
 
+def _leet(run_dir: str, *flags: str) -> str:
+    """`wandb leet inspect` of a local run (wandb 0.31 ships no Python reader: wandb.sdk.internal.datastore is
+    gone), offline and without error reporting, which keeps wandb-core from reaching a telemetry server."""
+    exe = Path(sys.executable).with_name("wandb")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "wandb"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false"}
+    out = subprocess.run(
+        [*cmd, "leet", "inspect", *flags, str(run_dir)], capture_output=True, text=True, env=env, timeout=120
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"wandb leet inspect failed on {run_dir}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def read_offline_history(run_dir: str) -> list[dict]:
+    """The history rows a local run logged, in order, each with its "step" and wandb-internal "_" keys dropped."""
+    rows = []
+    for line in _leet(run_dir, "--json").splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "history":
+            item = rec["history"]["item"]
+            rows.append({"step": item["_step"], **{k: v for k, v in item.items() if not k.startswith("_")}})
+    return rows
+
+
 def read_offline_run(run_dir: str) -> dict:
     """Return {"config", "summary"} that a local run recorded, wandb-internal "_" keys dropped.
 
@@ -144,19 +173,6 @@ def read_offline_run(run_dir: str) -> dict:
     (wandb 0.31 ships no Python reader: wandb.sdk.internal.datastore is gone). Quirk: keys
     whose value was recorded as null (None or NaN) are absent from its summary.
     """
-    exe = Path(sys.executable).with_name("wandb")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "wandb"]
-    # Offline + no error reporting: keeps wandb-core from trying to reach a telemetry server.
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false"}
-    out = subprocess.run(
-        [*cmd, "leet", "inspect", "--summary", "--json", str(run_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"wandb leet inspect failed on {run_dir}: {out.stderr.strip()}")
-    data = json.loads(out.stdout)
+    data = json.loads(_leet(run_dir, "--summary", "--json"))
     strip = lambda d: {k: v for k, v in (d or {}).items() if not k.startswith("_")}  # noqa: E731
     return {"config": strip(data.get("config")), "summary": strip(data.get("summary"))}

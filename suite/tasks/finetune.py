@@ -21,6 +21,7 @@ from suite.core.check import build_method
 from suite.harness.data import MiniBatch
 from suite.harness.device import autocast
 from suite.harness.model import build_model
+from suite.harness.optim import lr_at
 from suite.tasks import metrics
 from suite.tasks.checkpoint import BestCheckpoint, save_weights, weights_digest
 from suite.tasks.glue import GlueDataError, _expected, batches, get_task, load_split, tokenize
@@ -39,6 +40,12 @@ class FinetuneOptions:
     evals_per_epoch: int = 4  # dev evaluations per epoch, besides the one at step 0 and the final one
     warmup_ratio: float = 0.1  # share of all steps warming up, when RunConfig.warmup_steps is 0
     checkpoint_dir: str | None = None  # the cell's best/final weights; None: results/.cache/finetune/<run digest>
+    # What trains and what is scored. "train": the train split, scored on dev. "dev:N": N samples of a seeded
+    # permutation of dev train and the rest is scored (a task shipped without its train file). "holdout:F":
+    # a seeded fraction F of train is scored and the rest trains (choosing a recipe without seeing dev).
+    split: str = "train"
+    train_samples: int = 0  # > 0: a seeded subsample of that many training samples (a task too big for a budget)
+    log_every: int = 10  # steps between history points (loss, learning rate, throughput)
 
     @staticmethod
     def from_run(run: RunConfig) -> "FinetuneOptions":
@@ -46,7 +53,33 @@ class FinetuneOptions:
         get_task(opts.task)
         if opts.epochs < 1 or opts.evals_per_epoch < 0 or not 0.0 <= opts.warmup_ratio < 1.0:
             raise ConfigError(f"need epochs >= 1, evals_per_epoch >= 0 and 0 <= warmup_ratio < 1, got {opts}")
+        if opts.train_samples < 0 or opts.log_every < 1:
+            raise ConfigError(f"need train_samples >= 0 and log_every >= 1, got {opts.train_samples}, {opts.log_every}")
+        parse_split(opts.split)
         return opts
+
+
+# The permutation every split and subsample draws from: one per task, whatever the run's seed, so that every
+# row and seed of a table trains and is scored on the same samples.
+SPLIT_SEED = 0
+
+
+def parse_split(split: str) -> tuple[str, float]:
+    """'train' -> ("train", 0); 'dev:4000' -> ("dev", 4000); 'holdout:0.2' -> ("holdout", 0.2); else a ConfigError."""
+    kind, _, arg = split.partition(":")
+    try:
+        if kind == "train" and not arg:
+            return kind, 0
+        if kind == "dev" and int(arg) > 0:
+            return kind, int(arg)
+        if kind == "holdout" and 0.0 < float(arg) < 1.0:
+            return kind, float(arg)
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"split {split!r}: accepted are 'train' (train on train, score dev), 'dev:N' (N of dev train, the rest "
+        "is scored) and 'holdout:F' (a fraction 0 < F < 1 of train is scored, the rest trains)"
+    )
 
 
 def resolve_pretrained(name: str | None) -> str | None:
@@ -96,7 +129,33 @@ class TaskData:
     run: RunConfig
     tokenizer: object
     train: object
-    dev: object
+    dev: object  # what is scored: dev, or the held-out part of a split
+    described: dict = field(default_factory=dict)  # what trained and what was scored, in words and counts
+
+
+def choose(train, dev, opts: FinetuneOptions) -> tuple[object, object, dict]:
+    """(training samples, scored samples, their description) for opts.split and opts.train_samples: 'train'
+    scores dev, 'dev:N' trains on the first N of a fixed permutation of dev (train is dev then), 'holdout:F'
+    scores a fixed fraction F of train (dev is None then: never read)."""
+    kind, arg = parse_split(opts.split)
+    if kind == "dev":
+        if arg >= len(dev):
+            raise ConfigError(f"split {opts.split!r}: dev has only {len(dev)} samples; train on fewer")
+        mixed = dev.shuffle(seed=SPLIT_SEED)
+        train, dev = mixed.select(range(arg)), mixed.select(range(arg, len(dev)))
+        what = {"train": f"{arg} of dev", "scored": f"the other {len(dev)} of dev"}
+    elif kind == "holdout":
+        mixed = train.shuffle(seed=SPLIT_SEED)
+        held = max(round(arg * len(train)), 1)
+        dev, train = mixed.select(range(held)), mixed.select(range(held, len(train)))
+        what = {"train": f"{len(train)} of train", "scored": f"the other {held} of train (dev unseen)"}
+    else:
+        what = {"train": "train", "scored": "dev"}
+    if opts.train_samples and opts.train_samples < len(train):
+        train = train.shuffle(seed=SPLIT_SEED).select(range(opts.train_samples))
+        what["train"] = f"{opts.train_samples} of {what['train']}"
+    drawn = {"drawn_by": f"permutation seeded {SPLIT_SEED}"} if kind != "train" or opts.train_samples else {}
+    return train, dev, {**what, "train_size": len(train), "scored_size": len(dev), **drawn}
 
 
 def prepare(run: RunConfig, opts: FinetuneOptions) -> TaskData:
@@ -106,7 +165,11 @@ def prepare(run: RunConfig, opts: FinetuneOptions) -> TaskData:
             f"task {opts.task!r} has {task.num_labels} output(s): set model.num_labels="
             f"{task.num_labels}, not {run.model.num_labels}"
         )
-    train, dev = _split(opts.task, "train", opts.data_dir), _split(opts.task, "dev", opts.data_dir)
+    kind = parse_split(opts.split)[0]
+    dev = None if kind == "holdout" else _split(opts.task, "dev", opts.data_dir)  # a holdout never reads dev
+    # 'dev:N' trains on dev: a task shipped without its train file (QNLI here) still runs.
+    train = dev if kind == "dev" else _split(opts.task, "train", opts.data_dir)
+    train, dev, described = choose(train, dev, opts)
     pretrained = resolve_pretrained(run.model.pretrained)
     tok = _tokenizer(pretrained, train, run.model.resolved().vocab_size)
     # A random-init model gets exactly the trained vocabulary (which may exceed the request by the
@@ -115,7 +178,7 @@ def prepare(run: RunConfig, opts: FinetuneOptions) -> TaskData:
     run = dataclasses.replace(
         run, model=dataclasses.replace(run.model, pretrained=pretrained, vocab_size=vocab)
     ).validate()
-    return TaskData(run, tok, tokenize(train, tok, run.seq_len), tokenize(dev, tok, run.seq_len))
+    return TaskData(run, tok, tokenize(train, tok, run.seq_len), tokenize(dev, tok, run.seq_len), described)
 
 
 def trim(batch: MiniBatch) -> MiniBatch:
@@ -181,9 +244,11 @@ class FinetuneResult:
     best_score: float | None
     best_step: int | None
     curve: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)  # every log_every steps: loss, learning rate, throughput
     steps_per_epoch: int = 0
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
+    described: dict = field(default_factory=dict)  # what trained and what was scored
     final_state: dict = field(default_factory=dict, repr=False)
     best: BestCheckpoint | None = field(default=None, repr=False)
 
@@ -218,6 +283,7 @@ def finetune(
     evaluator = Evaluator(run, opts.task, data.dev, device)
     best = BestCheckpoint(None if checkpoint_dir is None else Path(checkpoint_dir) / "best.pt")
     result = FinetuneResult(opts.task, run, {}, None, None, steps_per_epoch=steps_per_epoch, best=best)
+    result.described = data.described
     every = max(steps_per_epoch // opts.evals_per_epoch, 1) if opts.evals_per_epoch else 0
 
     def evaluate(step: int, losses: list[float]) -> None:
@@ -239,17 +305,65 @@ def finetune(
 
     evaluate(0, [])
     losses, step, started = [], 0, time.perf_counter()
+    window, window_started = [], time.perf_counter()
     for batch in batches(data.train, run.batch_size, run.seed, shuffle=True, drop_last=True, epochs=opts.epochs):
+        lr = lr_at(run, step)  # the rate this step's update uses
         losses.append(method.step(trim(batch)).loss)
+        window.append(losses[-1])
         step += 1
+        if step % opts.log_every == 0 or step == total:
+            seconds = time.perf_counter() - window_started
+            result.history.append(
+                {
+                    "step": step,
+                    "epoch": step / steps_per_epoch,
+                    "loss": sum(window) / len(window),
+                    "lr": lr,
+                    "samples_per_s": len(window) * run.batch_size / max(seconds, 1e-9),
+                }
+            )
+            window, window_started = [], time.perf_counter()
         if every and step % every == 0 and step != total:
             result.train_seconds += time.perf_counter() - started
             evaluate(step, losses)
             losses, started = [], time.perf_counter()
+            window_started = time.perf_counter()  # an evaluation is not training time
     result.train_seconds += time.perf_counter() - started
     evaluate(step, losses)
     result.best_score, result.best_step = best.score, best.step
     return result
+
+
+def timeline(history: list[dict], curve: list[dict]) -> list[dict]:
+    """One row per logged step, in step order: the training points as train/<key>, the evaluations' scores as
+    dev/<metric> (the run's W&B history, and Figure 4's source)."""
+    rows: dict[int, dict] = {}
+    for h in history:
+        row = rows.setdefault(h["step"], {"step": h["step"], "epoch": h["epoch"]})
+        row.update({f"train/{k}": v for k, v in h.items() if k not in ("step", "epoch")})
+    for c in curve:
+        row = rows.setdefault(c["step"], {"step": c["step"], "epoch": c["epoch"]})
+        row.update({f"dev/{k}": v for k, v in c.items() if k not in ("step", "epoch", "train_loss")})
+    return [rows[k] for k in sorted(rows)]
+
+
+def recipe(run: RunConfig, opts: FinetuneOptions) -> dict:
+    """The fine-tuning recipe as the record states it: what a reader needs to run it again."""
+    return {
+        "optimizer": run.optimizer,
+        "lr": run.lr,
+        "weight_decay": run.weight_decay,
+        "schedule": f"{run.schedule}: warm-up {run.warmup_steps} steps, then decay to 0 at {run.total_steps}",
+        "epochs": opts.epochs,
+        "batch": run.batch_size,
+        "micro_batch": run.micro_batch_size,
+        "precision": run.precision,
+        "max_len": run.seq_len,
+        "padding": "to the longest sample of each batch",
+        "clip_grad_norm": run.clip_grad_norm,
+        "split": opts.split,
+        "train_samples": opts.train_samples or "all",
+    }
 
 
 def run_digest(run: RunConfig) -> str:
@@ -281,6 +395,9 @@ def finetune_cell(run: RunConfig, device: torch.device, cap) -> dict:
         "best_score": res.best_score,
         "best_step": res.best_step,
         "curve": res.curve,
+        "history": timeline(res.history, res.curve),
+        "data": res.described,
+        "recipe": recipe(res.run, opts),
         "steps": steps,
         "steps_per_epoch": res.steps_per_epoch,
         "epochs": opts.epochs,
