@@ -29,7 +29,12 @@ def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch)
     assert len(rows) == 6 * 6  # six tasks: baseline FP32 at three seeds, L2L FP32, AMP, L2L-CMP
     assert rows["rte-l2l-cmp"].paper == {"score": 72.2} and rows["cola-baseline-fp32"].paper == {"score": 58.08}
     assert rows["stsb-baseline-amp"].paper == {"score": "NA"} and rows["qnli-l2l-fp32"].paper == {"score": 91.46}
-    assert rows["mrpc-baseline-fp32-s2"].overrides["seed"] == 2 and rows["mrpc-baseline-fp32-s2"].paper == {}
+    assert rows["mrpc-baseline-fp32-s2"].overrides["seed"] == 1236 and rows["mrpc-baseline-fp32-s2"].paper == {}
+    assert (
+        rows["mrpc-baseline-fp32"].labels["seed"]
+        == 1234
+        == table7.EXPERIMENT.cells("small", ["mrpc-baseline-fp32"])[0].run.seed
+    )
     # QNLI ships no train file: it trains on 4,000 of dev and is scored on the rest, and says so
     assert not rows["qnli-baseline-fp32"].skip and rows["qnli-baseline-fp32"].data == {"split": "dev:4000"}
     assert "trained on 4,000 of dev" in rows["qnli-baseline-fp32"].labels["task"]
