@@ -162,9 +162,8 @@ def rows(profile: str) -> list[Row]:
                 "metric": METRIC_LABEL.get(task, "accuracy"),
             }
             paper = {"score": PAPER[name][task]} if name in PAPER else {}
-            row = TaskRow(f"{task}-{name}", method, overrides, labels, paper, task=task, skip=skip)
-            row.data = DATA.get(profile, {}).get(task, {})
-            out.append(row)
+            data = DATA.get(profile, {}).get(task, {})
+            out.append(TaskRow(f"{task}-{name}", method, overrides, labels, paper, task=task, skip=skip, data=data))
     return out
 
 

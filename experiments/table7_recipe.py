@@ -24,9 +24,11 @@ def rows(profile: str):
                 "lr": lr,
             }
             labels = {"task": TASKS[task].folder, "lr": f"{lr:g}", "metric": table7.METRIC_LABEL.get(task, "accuracy")}
-            row = table7.TaskRow(f"{task}-lr{lr:g}", "grad_accum", overrides, labels, {}, task=task)
-            row.data = {"split": HOLDOUT}
-            out.append(row)
+            out.append(
+                table7.TaskRow(
+                    f"{task}-lr{lr:g}", "grad_accum", overrides, labels, {}, task=task, data={"split": HOLDOUT}
+                )
+            )
     return out
 
 

@@ -282,8 +282,9 @@ def finetune(
         raise ConfigError(f"the tokenizer has {len(data.tokenizer)} tokens but the model's vocabulary {vocab}")
     evaluator = Evaluator(run, opts.task, data.dev, device)
     best = BestCheckpoint(None if checkpoint_dir is None else Path(checkpoint_dir) / "best.pt")
-    result = FinetuneResult(opts.task, run, {}, None, None, steps_per_epoch=steps_per_epoch, best=best)
-    result.described = data.described
+    result = FinetuneResult(
+        opts.task, run, {}, None, None, steps_per_epoch=steps_per_epoch, best=best, described=data.described
+    )
     every = max(steps_per_epoch // opts.evals_per_epoch, 1) if opts.evals_per_epoch else 0
 
     def evaluate(step: int, losses: list[float]) -> None:
