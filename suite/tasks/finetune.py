@@ -166,9 +166,11 @@ def prepare(run: RunConfig, opts: FinetuneOptions) -> TaskData:
             f"{task.num_labels}, not {run.model.num_labels}"
         )
     kind = parse_split(opts.split)[0]
-    dev = None if kind == "holdout" else _split(opts.task, "dev", opts.data_dir)  # a holdout never reads dev
-    # 'dev:N' trains on dev: a task shipped without its train file (QNLI here) still runs.
-    train = dev if kind == "dev" else _split(opts.task, "train", opts.data_dir)
+    # Train first, so its file's errors come first; 'dev:N' trains on dev: a task shipped without its train
+    # file (QNLI here) still runs. A holdout never reads dev.
+    train = None if kind == "dev" else _split(opts.task, "train", opts.data_dir)
+    dev = None if kind == "holdout" else _split(opts.task, "dev", opts.data_dir)
+    train = dev if kind == "dev" else train
     train, dev, described = choose(train, dev, opts)
     pretrained = resolve_pretrained(run.model.pretrained)
     tok = _tokenizer(pretrained, train, run.model.resolved().vocab_size)
