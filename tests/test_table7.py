@@ -47,7 +47,7 @@ def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch)
     assert stsb.run.model.num_labels == 1 and stsb.run.batch_size == 32 and stsb.run.num_micro_batches == 1
     assert stsb.run.options["data_dir"] == "tests/fixtures/glue" and stsb.run.options["epochs"] == 3
     # the small recipe: AdamW in the usual range for a small pretrained BERT, warm-up then linear decay
-    assert (stsb.run.optimizer, stsb.run.lr, stsb.run.schedule) == ("adamw", 5e-5, "linear")
+    assert (stsb.run.optimizer, stsb.run.lr, stsb.run.schedule) == ("adamw", 1e-4, "linear")
     assert table7.EXPERIMENT.baseline in rows  # the ratio column's row exists
     monkeypatch.delenv(table7.ENV_DATA_DIR)
     assert table7.data_dir("small") == "../shared/data/glue"  # the default, relative to the repository
