@@ -11,7 +11,7 @@ RUN_FLAGS ?=
 # MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
 MEASURE ?= time
 
-.PHONY: setup lint format test test-mimic test-cuda test-slow bench table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-host-optim table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[test,metrics,lint]'
+	$(PY) -m suite.harness.fused_lamb
 	touch $(STAMP)
 
 # ruff (lint and format) and import-linter (the layer contract in pyproject.toml); `make test` runs it first.
@@ -38,14 +39,15 @@ test: lint
 # torch 2.11 and transformers 5.17, scikit-learn, and no `datasets`, `wandb` or pytest-timeout. The suite is
 # not installed there: it runs from the tree (PYTHONPATH=.), as on that machine. PyPI's torch 2.11.0 is its
 # CUDA build (several GB with the nvidia-* wheels; no CPU-only 2.11 reaches this machine): on a CPU it runs as
-# a CPU build does. Tests that need `datasets` or `wandb` skip there and say so.
+# a CPU build does. Tests that need `datasets` or `wandb` skip there and say so. ninja stands in for the image's own
+# (it builds the fused host LAMB there too).
 MIMIC_VENV ?= .venv-mimic
 MIMIC_PY := $(MIMIC_VENV)/bin/python
 MIMIC_STAMP := $(MIMIC_VENV)/.installed
 MIMIC_PYTHON ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do \
 	$$p -c '' 2>/dev/null && { echo $$p; exit; }; done; echo $(PYTHON))
 MIMIC_PACKAGES ?= torch==2.11.0 transformers==5.17.0 pytest pytest-benchmark numpy matplotlib pandas scipy \
-	scikit-learn safetensors tokenizers huggingface-hub
+	scikit-learn safetensors tokenizers huggingface-hub ninja
 MIMIC_ABSENT := datasets wandb pytest_timeout
 
 $(MIMIC_STAMP): Makefile
@@ -69,6 +71,11 @@ test-cuda: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pytest -q --benchmark-only -m "not cuda"
 	$(PY) -m experiments.benchmarks.overhead
+
+# ns/param of L2L's host update (fused LAMB and AdamW) against torch's fused/foreach AdamW and DeepSpeed's CPU
+# Adam (where installed), one BERT-Large layer and the whole model, 1 thread and all: results/host_optim.md.
+bench-host-optim: $(STAMP)
+	$(PY) -m experiments.benchmarks.host_optim $(RUN_FLAGS)
 
 # The GPU campaign (README "Running on a GPU"): STAGE=1|2|3|all, each stage one command of at most 9 minutes
 # that resumes where the last call stopped. It runs on the machine's own Python and torch (CUDA): nothing is

@@ -16,6 +16,7 @@ from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
 from suite.harness.device import DTYPES, scalar
 from suite.harness.loss_scale import DynamicLossScaler
+from suite.harness.optim import IMPLS
 
 
 def _process_group(run, device: torch.device):
@@ -49,6 +50,9 @@ class L2L(Method):
     options = {
         "stash": Option("gpu", ("gpu", "cpu"), "where boundary activations wait for the backward"),
         "overlap": Option("off", ("off", "on"), "on: update layer l on the host during layer l-1's backward (L2Lp)"),
+        "host_optim": Option(
+            "fused", IMPLS, "the host update's kernels: fused (torch's fused AdamW, the suite's fused LAMB) or foreach"
+        ),
     }
 
     def __init__(self, model, run, device, trace: list | None = None):
@@ -57,7 +61,7 @@ class L2L(Method):
         self.world = run.ranks
         self.dtype = DTYPES[run.precision]
         pin = device.type == "cuda"
-        self.server = HostParamServer(model, run, self.dtype, pin)
+        self.server = HostParamServer(model, run, self.dtype, pin, impl=self.opts["host_optim"])
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         self.trace = trace
         self.lanes = Lanes(device, timing=trace is not None)

@@ -28,7 +28,7 @@ class HostParamServer:
     buffers move, so only they are pinned.
     """
 
-    def __init__(self, model, run, wire_dtype: torch.dtype = torch.float32, pin: bool = False):
+    def __init__(self, model, run, wire_dtype: torch.dtype = torch.float32, pin: bool = False, impl: str = "fused"):
         self.run = run
         self.named: list[list[tuple[str, torch.nn.Parameter]]] = []
         self.flat, self.grad_flat, self.wire, self.landing = [], [], [], []
@@ -53,7 +53,7 @@ class HostParamServer:
             self.wire.append(_host_buffer(numel, wire_dtype, pin).copy_(flat) if cmp else flat)
             self.landing.append(_host_buffer(numel, wire_dtype, pin) if cmp else grad)
         self.grads = [[p.grad for _, p in named] for named in self.named]
-        self.opt = LayerwiseOptimizer(self.named, run)  # its state made now, beside the masters
+        self.opt = LayerwiseOptimizer(self.named, run, impl=impl, host=True)  # its state made now, beside the masters
         self.busy_seconds = 0.0  # host time spent preparing and updating (not waiting for copies)
 
     @property

@@ -7,20 +7,44 @@ import math
 import torch
 from torch import nn
 
+from suite.harness import fused_lamb
+from suite.harness.device import is_fake
+
+IMPLS = ("fused", "foreach")  # the optimizers' kernels: fused where the tensors allow, else torch's foreach ops
+
 
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al., 2019): Adam's direction with a per-tensor trust ratio ||w|| / ||update||.
 
-    Vectorised with torch._foreach ops and free of host syncs, so it is fit for a host param
-    server stepping thousands of tensors.
+    The reference is vectorised with torch._foreach ops and free of host syncs. With fused=True, a group of
+    contiguous FP32 CPU tensors steps through the fused kernel instead (csrc/lamb.cpp: two passes per tensor,
+    threaded, no temporary), within float rounding of the reference.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True):
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=0.0,
+        bias_correction=True,
+        fused=False,
+    ):
         if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid LAMB hyper-parameters lr={lr}, betas={betas}, eps={eps}")
         super().__init__(
             params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         )
+        self.fused = fused and fused_lamb.kernel() is not None
+
+    def _kernel(self, tensors: list[torch.Tensor]):
+        """The fused kernel if asked for and every tensor can take it, else None (the foreach path)."""
+        if not self.fused or not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+            return None
+        if not all(t.is_contiguous() for t in tensors):
+            return None
+        return fused_lamb.kernel()
 
     @staticmethod
     def fresh_state(p: torch.Tensor) -> dict:
@@ -46,10 +70,16 @@ class Lamb(torch.optim.Optimizer):
                 s["step"] += 1
             t = states[0]["step"]
             b1, b2 = group["betas"]
+            c1, c2 = (1 - b1**t, 1 - b2**t) if group["bias_correction"] else (1.0, 1.0)
+            kernel = self._kernel([*params, *grads, *m, *v])
+            if kernel is not None:
+                if not is_fake(params[0]):  # a counted step: the kernel makes no tensor, there is nothing to count
+                    hyper = (group["lr"], b1, b2, group["eps"], group["weight_decay"], c1, c2)
+                    kernel.lamb_step(params, grads, m, v, *hyper)
+                continue
             torch._foreach_lerp_(m, grads, 1 - b1)
             torch._foreach_mul_(v, b2)
             torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
-            c1, c2 = (1 - b1**t, 1 - b2**t) if group["bias_correction"] else (1.0, 1.0)
             denom = torch._foreach_sqrt(v)
             torch._foreach_div_(denom, math.sqrt(c2))
             torch._foreach_add_(denom, group["eps"])
@@ -80,12 +110,25 @@ def lr_at(run, step: int) -> float:
 
 
 class LayerwiseOptimizer:
-    """One optimizer per layer so that a layer can be stepped alone (L2L's host param server does)."""
+    """One optimizer per layer so that a layer can be stepped alone (L2L's host param server does).
 
-    def __init__(self, layers: list[list[tuple[str, nn.Parameter]]], run):
-        self.run = run
+    impl="fused" steps CPU tensors through fused kernels (torch's fused AdamW, the suite's fused LAMB), which
+    every method on a CPU shares so that their equivalence stays bitwise; elsewhere (CUDA) torch's foreach ops.
+    A counted step's fake CPU tensors stand for the device's, so they take the device's foreach path, unless
+    `host` says they are the host's (L2L's param server).
+    """
+
+    def __init__(self, layers: list[list[tuple[str, nn.Parameter]]], run, impl: str = "fused", host: bool = False):
+        if impl not in IMPLS:
+            raise ValueError(f"optimizer impl={impl!r} is not one of {list(IMPLS)}")
+        self.run, self.impl, self.host = run, impl, host
         self.opts = [self._make([(n, p) for n, p in named if p.requires_grad]) for named in layers]
         self._preallocate()
+
+    def _fused(self, params: list[nn.Parameter]) -> bool:
+        if self.impl != "fused" or not all(p.device.type == "cpu" for p in params):
+            return False
+        return self.host or not any(is_fake(p) for p in params)
 
     def _preallocate(self) -> None:
         """Create each optimizer's per-parameter state now, in the form its step() would create lazily, so that
@@ -97,11 +140,11 @@ class LayerwiseOptimizer:
                 for p in group["params"]:
                     if isinstance(o, Lamb):
                         o.state[p] = Lamb.fresh_state(p)
-                    elif isinstance(o, torch.optim.AdamW) and not (group["fused"] or group["capturable"]):
-                        # torch keeps a non-fused, non-capturable step count as a 0-d CPU tensor.
-                        o.state[p] = dict(
-                            step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
-                        )
+                    elif isinstance(o, torch.optim.AdamW) and not group["capturable"]:
+                        # torch keeps the step count as a 0-d tensor: on the parameter's device when fused, as FP32.
+                        fp32 = torch.zeros((), dtype=torch.float32, device=p.device)
+                        step = fp32 if group["fused"] else torch.tensor(0.0)
+                        o.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                         if group["amsgrad"]:
                             o.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
 
@@ -116,8 +159,11 @@ class LayerwiseOptimizer:
         if not groups:
             return None
         betas = (self.run.beta1, self.run.beta2)
+        fused = self._fused([p for _, p in named])
         if self.run.optimizer == "lamb":
-            return Lamb(groups, lr=self.run.lr, betas=betas, eps=self.run.eps)
+            return Lamb(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, fused=fused)
+        if fused:
+            return torch.optim.AdamW(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, fused=True)
         return torch.optim.AdamW(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, foreach=True)
 
     def step_layer(self, index: int, step: int) -> None:

@@ -1,0 +1,38 @@
+"""The host optimizer benchmark runs end to end at a small size and writes its table (speed is not tested)."""
+
+import json
+
+import pytest
+import torch
+
+from experiments.benchmarks import host_optim
+
+
+def test_measures_every_candidate_and_renders(tmp_path):
+    layers = host_optim.make_params([[("w", torch.Size([64, 32])), ("b", torch.Size([32]))]])
+    m = host_optim.measure(layers, threads=1, rounds=2, steps=2, deepspeed=False)
+    rows = host_optim.summarise(m)
+    names = [r["name"] for r in rows]
+    assert names[:2] == ["suite LAMB, fused (L2L's host)", "suite LAMB, foreach (before)"] and names[-1] == "triad"
+    assert all(r["samples"] == 4 and r["ns_per_param"] > 0 for r in rows)
+    fused = next(r for r in rows if r["name"] == "torch AdamW, fused")
+    assert fused["ratio"] == pytest.approx(1.0) and fused["ratio_to"] == "torch AdamW, fused"
+    record = {
+        "machine": host_optim.fingerprint(),
+        "provenance": {"commit": "abc1234", "dirty": False},
+        "date": "today",
+        "deepspeed": None,
+        "fused_lamb": True,
+        "runs": [{"size": "model", "threads": 1, "numel": m["numel"], "rows": rows}],
+    }
+    (tmp_path / "host_optim").mkdir()
+    (tmp_path / "host_optim" / "x.json").write_text(json.dumps(record))
+    text = host_optim.render(tmp_path)
+    assert "| suite LAMB, fused (L2L's host) |" in text and "projected share" in text
+    assert "DeepSpeed not installed" in text
+
+
+def test_bad_sizes_are_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        host_optim.main(["--sizes", "layer,huge"])
+    assert "--sizes: ['huge'] is not among ['layer', 'model']" in capsys.readouterr().err
