@@ -73,9 +73,11 @@ bench: $(STAMP)
 	$(PY) -m experiments.benchmarks.overhead
 
 # ns/param of L2L's host update (fused LAMB and AdamW) against torch's fused/foreach AdamW and DeepSpeed's CPU
-# Adam (where installed), one BERT-Large layer and the whole model, 1 thread and all: results/host_optim.md.
+# Adam (where installed), one BERT-Large layer and the whole model, 1 thread and all: results/host_optim.md. Then
+# an L2L step with the fused and foreach host optimizer, overlapped or not: results/l2l_host_step.md.
 bench-host-optim: $(STAMP)
 	$(PY) -m experiments.benchmarks.host_optim $(RUN_FLAGS)
+	$(PY) -m experiments.benchmarks.l2l_host_step
 
 # The GPU campaign (README "Running on a GPU"): STAGE=1|2|3|all, each stage one command of at most 9 minutes
 # that resumes where the last call stopped. It runs on the machine's own Python and torch (CUDA): nothing is

@@ -36,3 +36,19 @@ def test_bad_sizes_are_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         host_optim.main(["--sizes", "layer,huge"])
     assert "--sizes: ['huge'] is not among ['layer', 'model']" in capsys.readouterr().err
+
+
+def test_l2l_host_step_measures_four_variants(monkeypatch, tmp_path):
+    from experiments.benchmarks import l2l_host_step
+    from suite.config.run import ModelConfig
+
+    monkeypatch.setitem(
+        l2l_host_step.SHAPES,
+        "cpu",
+        dict(model=ModelConfig(preset="tiny"), seq_len=16, micro_batch_size=2, precision="fp32"),
+    )
+    m = l2l_host_step.measure(torch.device("cpu"), rounds=1, steps=1)
+    summary = l2l_host_step.summarise(m)
+    assert [(r["host_optim"], r["overlap"]) for r in summary["rows"]] == l2l_host_step.VARIANTS
+    assert all(r["step_s"] > 0 and r["host_s"] > 0 for r in summary["rows"])
+    assert set(summary["hidden"]) == {"foreach", "fused"}

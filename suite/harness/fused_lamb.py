@@ -13,7 +13,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
 # -march=native: the build is this CPU's (its name carries the CPU's flags, so a shared cache never hands one
 # machine another's code). fp-contract=off keeps the foreach LAMB's roundings; no-math-errno lets sqrt vectorise.
-FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd"]
+FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 
 
 def _cpu_tag() -> str:

@@ -18,7 +18,8 @@ class Lamb(torch.optim.Optimizer):
 
     The reference is vectorised with torch._foreach ops and free of host syncs. With fused=True, a group of
     contiguous FP32 CPU tensors steps through the fused kernel instead (csrc/lamb.cpp: two passes per tensor,
-    threaded, no temporary), within float rounding of the reference.
+    threaded, no temporary), within float rounding of the reference. It spends the gradients: they hold the
+    updates afterwards (every method drops or overwrites them before the next backward).
     """
 
     def __init__(
