@@ -52,3 +52,17 @@ def test_l2l_host_step_measures_four_variants(monkeypatch, tmp_path):
     assert [(r["host_optim"], r["overlap"]) for r in summary["rows"]] == l2l_host_step.VARIANTS
     assert all(r["step_s"] > 0 and r["host_s"] > 0 for r in summary["rows"])
     assert set(summary["hidden"]) == {"foreach", "fused"}
+
+
+def test_ratios_are_taken_round_by_round():
+    # Two rounds of two steps each, stored round after round as measure() collects them: the machine is twice as
+    # slow in round 2, for everyone. Per-round ratios stay 2.0; unpaired medians would not see the pairing.
+    times = {"suite LAMB, fused (L2L's host)": [2, 2, 8, 8], "torch AdamW, fused": [1, 1, 4, 4], "triad": [1, 1, 1, 1]}
+    rounds, steps = 2, 2
+    regrouped = host_optim.by_round(times, rounds, steps)
+    kinds = {"suite LAMB, fused (L2L's host)": "lamb", "torch AdamW, fused": "adamw", "triad": "triad"}
+    m = {"numel": 10**9, "rounds": rounds, "times": regrouped, "kinds": kinds}
+    rows = {r["name"]: r for r in host_optim.summarise(m)}
+    lamb = rows["suite LAMB, fused (L2L's host)"]
+    assert (lamb["ratio"], lamb["ratio_min"], lamb["ratio_max"]) == (2.0, 2.0, 2.0)
+    assert lamb["ns_per_param"] == 5.0 and lamb["target"] == 1.6 and rows["triad"]["ratio"] is None

@@ -117,6 +117,9 @@ def _lamb_run(fused_kernel: bool, dtype=torch.float32, steps=5, wd=0.01, threads
 
 @fused
 def test_fused_lamb_is_the_algorithm_within_float_rounding():
+    assert fused_lamb.kernel() is not None, (
+        "the fused LAMB did not build here (the warning says why); SUITE_FUSED_LAMB=0 runs the tests without it"
+    )
     ws, grads, ours, opt = _lamb_run(True)
     assert opt.fused
     # The literal transcription in float64, per group (weight decay on the first two tensors only).
@@ -134,13 +137,15 @@ def test_fused_lamb_is_the_algorithm_within_float_rounding():
 
 @fused
 def test_fused_lamb_does_not_depend_on_the_thread_count():
-    one = _lamb_run(True, threads=1)[2]
+    *_, one, opt = _lamb_run(True, threads=1)
+    assert opt.fused
     two = _lamb_run(True, threads=2)[2]
     assert all(torch.equal(a, b) for a, b in zip(one, two))
+    assert not all(torch.equal(a, b) for a, b in zip(one, _lamb_run(False)[2]))  # and it is not the foreach path
 
 
 def test_lamb_takes_the_foreach_path_where_the_kernel_cannot_go():
-    # FP64 (model.double()) and a kernel turned off both step exactly as fused=False does.
+    # FP64 (model.double() after build) steps exactly as fused=False does; a kernel that did not build is the next test.
     ref = _lamb_run(False, dtype=torch.float64)[2]
     assert all(torch.equal(a, b) for a, b in zip(_lamb_run(True, dtype=torch.float64)[2], ref))
 
@@ -201,6 +206,9 @@ def test_fused_adamw_state_is_made_at_build():
     named = [("w", torch.nn.Parameter(torch.ones(4)))]
     named[0][1].grad = torch.ones(4)
     opt = LayerwiseOptimizer([named], run)
+    assert opt.opts[0].param_groups[0]["fused"]
+    step = opt.opts[0].state[named[0][1]]["step"]
+    assert (step.dtype, step.device.type, step.dim()) == (torch.float32, "cpu", 0)
     before = [t.data_ptr() for t in opt.state_tensors()]
     opt.step(0)
-    assert [t.data_ptr() for t in opt.state_tensors()] == before
+    assert [t.data_ptr() for t in opt.state_tensors()] == before and step.item() == 1.0

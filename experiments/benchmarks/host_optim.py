@@ -41,7 +41,9 @@ def bert_large_layers() -> list[list[tuple[str, torch.Size]]]:
 
 
 def make_params(layers: list[list[tuple[str, torch.Size]]]) -> list[list[tuple[str, torch.nn.Parameter]]]:
-    """Real FP32 weights and gradients of those shapes, as contiguous host tensors (gradients kept in .grad)."""
+    """Real FP32 weights and gradients of those shapes, as contiguous host tensors (gradients kept in .grad).
+    Every candidate steps on them; the fused LAMB leaves its updates in .grad, so later steps run on other values
+    of the same sizes (the timing does not depend on them)."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for named in layers:
@@ -102,12 +104,18 @@ def candidates(layers, deepspeed: bool = True) -> dict[str, tuple[str, object]]:
 
 
 def _omp_runtimes() -> list:
-    """OpenMP runtimes other than torch's own: DeepSpeed's extension links the system's libgomp, whose thread
-    count torch.set_num_threads does not reach."""
+    """The OpenMP runtimes this process has loaded besides torch's own: DeepSpeed's extension links the system's
+    libgomp, whose thread count torch.set_num_threads does not reach. Only loaded ones (loading a second vendor's
+    runtime can abort the process)."""
+    try:
+        with open("/proc/self/maps") as f:
+            loaded = f.read()
+    except OSError:
+        return []
     found = []
     for name in ("gomp", "omp", "iomp5"):
         path = ctypes.util.find_library(name)
-        if path:
+        if path and f"/{path}" in loaded:
             try:
                 found.append(ctypes.CDLL(path))
             except OSError:
@@ -155,9 +163,18 @@ def measure(layers, threads: int, rounds: int, steps: int, deepspeed: bool = Tru
         times["triad"] += triad(numel, steps)
     kinds = {name: kind for name, (kind, _) in makers.items()}
     kinds["triad"] = "triad"
-    # times[name] holds `steps` samples per round, round after round: regroup them so that [r::rounds] is round r.
-    regrouped = {k: [v[r * steps + i] for i in range(steps) for r in range(rounds)] for k, v in times.items()}
-    return {"threads": threads, "numel": numel, "rounds": rounds, "times": regrouped, "kinds": kinds}
+    return {
+        "threads": threads,
+        "numel": numel,
+        "rounds": rounds,
+        "times": by_round(times, rounds, steps),
+        "kinds": kinds,
+    }
+
+
+def by_round(times: dict[str, list[float]], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Samples collected round after round (`steps` a round), reordered so that [r::rounds] is round r's."""
+    return {k: [v[r * steps + i] for i in range(steps) for r in range(rounds)] for k, v in times.items()}
 
 
 def summarise(m: dict) -> list[dict]:

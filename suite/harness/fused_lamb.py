@@ -13,6 +13,10 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
 # -march=native: the build is this CPU's (its name carries the CPU's flags, so a shared cache never hands one
 # machine another's code). fp-contract=off keeps the foreach LAMB's roundings; no-math-errno lets sqrt vectorise.
+# -fopenmp compiles the pragmas but is not passed to the linker: the OpenMP calls bind to the runtime torch has
+# already loaded (its bundled libgomp), so torch.set_num_threads and the kernel share one pool. A torch without
+# one leaves them unresolved: the load fails and the foreach LAMB stands in, with the warning below. A build
+# killed half-way leaves torch's lock file in its build folder (~/.cache/torch_extensions): delete that folder.
 FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 
 
@@ -32,6 +36,8 @@ def kernel():
     """The compiled module (`lamb_step`), or None where it cannot be built (the caller falls back to foreach
     LAMB). SUITE_FUSED_LAMB=0 turns it off; =require makes a failed build an error (the README's setup)."""
     mode = os.environ.get("SUITE_FUSED_LAMB", "1")
+    if mode not in ("0", "1", "require"):
+        warnings.warn(f"SUITE_FUSED_LAMB={mode!r} is not one of 0, 1, require; taken as 1", stacklevel=2)
     if mode == "0":
         return None
     # ninja may come from pip (the project's dependencies) into a venv that was not activated: put its bin on PATH.

@@ -77,6 +77,9 @@ class Lamb(torch.optim.Optimizer):
                 if not is_fake(params[0]):  # a counted step: the kernel makes no tensor, there is nothing to count
                     hyper = (group["lr"], b1, b2, group["eps"], group["weight_decay"], c1, c2)
                     kernel.lamb_step(params, grads, m, v, *hyper)
+                    # It wrote through data pointers: tell autograd, as torch's own in-place ops do.
+                    for t in (*params, *grads, *m, *v):
+                        torch.autograd.graph.increment_version(t)
                 continue
             torch._foreach_lerp_(m, grads, 1 - b1)
             torch._foreach_mul_(v, b2)
@@ -143,8 +146,8 @@ class LayerwiseOptimizer:
                         o.state[p] = Lamb.fresh_state(p)
                     elif isinstance(o, torch.optim.AdamW) and not group["capturable"]:
                         # torch keeps the step count as a 0-d tensor: on the parameter's device when fused, as FP32.
-                        fp32 = torch.zeros((), dtype=torch.float32, device=p.device)
-                        step = fp32 if group["fused"] else torch.tensor(0.0)
+                        fused = group["fused"]
+                        step = torch.zeros((), dtype=torch.float32, device=p.device) if fused else torch.tensor(0.0)
                         o.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                         if group["amsgrad"]:
                             o.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
