@@ -210,6 +210,18 @@ def summarise(m: dict) -> list[dict]:
     return rows
 
 
+def section_head(record: dict, tail: str) -> list[str]:
+    """A benchmark record's section title and hardware line: machine, commit (dirty or not), date, then `tail`."""
+    prov = record["provenance"]
+    commit = prov["commit"][:7] if prov["commit"] else "?"
+    return [
+        "",
+        f"## {record['machine']['slug']}",
+        "",
+        f"{describe(record['machine'])}. Commit {commit}{' (dirty)' * bool(prov['dirty'])}; {record['date']}; {tail}",
+    ]
+
+
 def render(results_dir: Path) -> str:
     """One section per machine (ratios only within a run), every run's rows as measured."""
     lines = [
@@ -231,15 +243,11 @@ def render(results_dir: Path) -> str:
     ]
     for f in sorted((results_dir / "host_optim").glob("*.json")):
         r = json.loads(f.read_text())
-        prov = r["provenance"]
-        lines += [
-            "",
-            f"## {r['machine']['slug']}",
-            "",
-            f"{describe(r['machine'])}. Commit {prov['commit'][:7] if prov['commit'] else '?'}"
-            f"{' (dirty)' if prov['dirty'] else ''}; {r['date']}; DeepSpeed {r['deepspeed'] or 'not installed'}; "
+        lines += section_head(
+            r,
+            f"DeepSpeed {r['deepspeed'] or 'not installed'}; "
             f"fused LAMB kernel {'built' if r['fused_lamb'] else 'unavailable (foreach fallback)'}.",
-        ]
+        )
         for run in r["runs"]:
             lines += [
                 "",

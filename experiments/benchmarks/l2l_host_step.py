@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
+from experiments.benchmarks.host_optim import section_head
 from suite.config.paths import RESULTS_DIR
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.check import build_method
 from suite.harness.data import synthetic_batches
 from suite.harness.device import resolve_device, synchronize
-from suite.measure.machine import describe, fingerprint
+from suite.measure.machine import fingerprint
 from suite.measure.provenance import provenance
 
 VARIANTS = [(impl, overlap) for impl in ("foreach", "fused") for overlap in ("off", "on")]
@@ -113,14 +114,10 @@ def render(results_dir: Path) -> str:
     ]
     for f in sorted((results_dir / "l2l_host_step").glob("*.json")):
         r = json.loads(f.read_text())
-        prov = r["provenance"]
+        lines += section_head(
+            r, f"{r['shape']}; {r['params'] / 1e6:.0f}M parameters; {r['rounds']} rounds of {r['steps']} steps."
+        )
         lines += [
-            "",
-            f"## {r['machine']['slug']}",
-            "",
-            f"{describe(r['machine'])}. Commit {prov['commit'][:7] if prov['commit'] else '?'}"
-            f"{' (dirty)' if prov['dirty'] else ''}; {r['date']}. {r['shape']}; {r['params'] / 1e6:.0f}M parameters; "
-            f"{r['rounds']} rounds of {r['steps']} steps.",
             "",
             "| host_optim | overlap | step s (min..max) | host s | host share | ratio |",
             "|---|---|---|---|---|---|",
