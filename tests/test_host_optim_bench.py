@@ -17,6 +17,10 @@ def test_measures_every_candidate_and_renders(tmp_path):
     assert all(r["samples"] == 4 and r["ns_per_param"] > 0 for r in rows)
     fused = next(r for r in rows if r["name"] == "torch AdamW, fused")
     assert fused["ratio"] == pytest.approx(1.0) and fused["ratio_to"] == "torch AdamW, fused"
+    # Each update's fixed cost per step, timed on one-element tensors of the same structure; the triad has none.
+    assert all((r["fixed_us"] is None) == (r["kind"] == "triad") for r in rows)
+    assert all(r["fixed_us"] > 0 and r["fixed_share"] > 0 for r in rows if r["kind"] != "triad")
+    assert len(m["fixed"]["suite AdamW, fused (L2L's host)"]) == 4
     record = {
         "machine": host_optim.fingerprint(),
         "provenance": {"commit": "abc1234", "dirty": False},
@@ -29,6 +33,7 @@ def test_measures_every_candidate_and_renders(tmp_path):
     (tmp_path / "host_optim" / "x.json").write_text(json.dumps(record))
     text = host_optim.render(tmp_path)
     assert "| suite LAMB, fused (L2L's host) |" in text and "projected share" in text
+    assert "| fixed µs/step (share) |" in text and text.count(" | — |\n") == 1  # only the triad has no fixed cost
     assert "DeepSpeed not installed" in text
 
 
