@@ -71,3 +71,23 @@ def test_ratios_are_taken_round_by_round():
     lamb = rows["suite LAMB, fused (L2L's host)"]
     assert (lamb["ratio"], lamb["ratio_min"], lamb["ratio_max"]) == (2.0, 2.0, 2.0)
     assert lamb["ns_per_param"] == 5.0 and lamb["target"] == 1.6 and rows["triad"]["ratio"] is None
+
+
+def test_the_reference_is_chosen_once_not_round_by_round():
+    # Two rounds of two steps, stored round after round. torch's fused AdamW takes 1.0 then 1.2 s, DeepSpeed's 1.4
+    # then 1.0: torch has the lower median over the run (1.1 against 1.2), so it is the reference in both rounds
+    # and its own ratio is 1.0 in each. A per-round minimum would make it 1.2x in round 2, its own reference's
+    # noise counted against it.
+    times = {
+        "torch AdamW, fused": [1.0, 1.0, 1.2, 1.2],
+        "DeepSpeed CPU Adam (AdamW mode)": [1.4, 1.4, 1.0, 1.0],
+        "suite AdamW, fused (L2L's host)": [1.1, 1.1, 1.1, 1.1],
+    }
+    rounds, steps = 2, 2
+    kinds = dict.fromkeys(times, "adamw")
+    m = {"numel": 10**9, "rounds": rounds, "times": host_optim.by_round(times, rounds, steps), "kinds": kinds}
+    rows = {r["name"]: r for r in host_optim.summarise(m)}
+    torch_row = rows["torch AdamW, fused"]
+    assert (torch_row["ratio"], torch_row["ratio_min"], torch_row["ratio_max"]) == (1.0, 1.0, 1.0)
+    assert rows["suite AdamW, fused (L2L's host)"]["ratio_to"] == "torch AdamW, fused"
+    assert rows["DeepSpeed CPU Adam (AdamW mode)"]["ratio_max"] == 1.4
