@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -24,8 +25,10 @@ def _weights(results_dir: Path, rec: dict) -> dict[str, torch.Tensor] | None:
     return torch.load(path, weights_only=True) if path.exists() else None
 
 
-def compare(results_dir: Path, ref: dict, other: dict) -> dict:
-    """Largest |difference| of dev scores (final and along the curve, in points) and of the final weights."""
+def compare(results_dir: Path, ref: dict, other: dict, store: dict | None = None) -> dict:
+    """Largest |difference| of dev scores (final and along the curve, in points) and of the final weights. The
+    weights' figures go into `store` under the two weights' digests, and come from it where the weights files
+    are gone (results/.cache/ stays on the machine that trained; the store is committed)."""
     a, b = ref["metrics"], other["metrics"]
     keys = [k for k in ("accuracy", "f1", "matthews", "pearson", "spearman") if k in a and k in b]
     final = max((abs(a[k] - b[k]) for k in keys if _finite(a[k], b[k])), default=math.nan)
@@ -65,7 +68,19 @@ def compare(results_dir: Path, ref: dict, other: dict) -> dict:
         gated = sorted(set(wa) - _gradient_free(family, wa))
         name = max(gated, key=lambda k: relative_error(wb[k], wa[k]))
         out["weight_rel"], out["weight_rel_name"] = relative_error(wb[name], wa[name]), name
+    key = f"{a.get('final_weights_digest')}:{b.get('final_weights_digest')}"
+    if store is None or not (a.get("final_weights_digest") and b.get("final_weights_digest")):
+        return out
+    if out["weight_abs"] is not None:
+        store[key] = {k: out[k] for k in ("weight_abs", "weight_rel", "weight_rel_name")}
+    elif key in store:
+        out.update(store[key])
     return out
+
+
+def store_path(exp, results_dir: Path) -> Path:
+    """The committed weights comparisons, keyed by the two final weights' digests."""
+    return Path(results_dir) / f"{exp.name}_equivalence.json"
 
 
 LOSS_AGREE = 1e-5  # relative difference of the mean training loss between evaluations
@@ -97,8 +112,9 @@ def write(exp, results_dir: Path) -> list[Path]:
     lines = [
         "# Table 7 equivalence: L2L against the baseline from the same seed",
         "",
-        "Generated from results/runs/ and the final weights under results/.cache/ by `python -m suite run "
-        "table7`; do not edit by hand. The paper: L2L 'is almost mathematically equivalent' to the baseline. "
+        "Generated from results/runs/ and the final weights under results/.cache/ (their figures kept in "
+        "table7_equivalence.json, by the weights' digests, for machines that no longer hold them) by `python -m "
+        "suite run table7`; do not edit by hand. The paper: L2L 'is almost mathematically equivalent' to the baseline. "
         "With keyed dropout, FP32 runs of both from one seed should end within float rounding. Dev "
         "differences are in points of the task's metrics (largest over them); weights: largest absolute "
         "element difference, and the largest norm-wise relative difference of one tensor (leaving out "
@@ -111,6 +127,8 @@ def write(exp, results_dir: Path) -> list[Path]:
         "",
     ]
     found = False
+    stored = store_path(exp, results_dir)
+    store = json.loads(stored.read_text()) if stored.exists() else {}
     for title, cells, records in tables.sections(exp, Path(results_dir)):
         by_name = {c.row.name: (c, r) for c, r in zip(cells, records)}
         table = []
@@ -122,7 +140,7 @@ def write(exp, results_dir: Path) -> list[Path]:
                 )
                 if not (ref and other and ref["status"] == other["status"] == "ok"):
                     continue
-                d = compare(results_dir, ref, other)
+                d = compare(results_dir, ref, other, store)
                 weights = (
                     "not on disk | not on disk"
                     if d["weight_abs"] is None
@@ -154,4 +172,6 @@ def write(exp, results_dir: Path) -> list[Path]:
         lines += ["No task has both rows of a pair finished yet.", ""]
     out = Path(results_dir) / f"{exp.name}_equivalence.md"
     out.write_text("\n".join(lines))
-    return [out]
+    if store:
+        stored.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+    return [out, *([stored] if store else [])]

@@ -136,6 +136,21 @@ def test_equivalence_reports_the_largest_differences(tmp_path):
     assert d["loss_steps"] is None  # these curves carry no training loss
 
 
+def test_the_weights_figures_outlive_the_weights_files(tmp_path):
+    # The final weights stay in results/.cache/ on the machine that trained; their comparison is kept in the
+    # committed store by digest, so a later render elsewhere still shows it, and a different pair does not get it.
+    a = _record(tmp_path, "a", {"classifier.weight": torch.tensor([1.0, 2.0])}, [{"step": 0, "accuracy": 50.0}])
+    b = _record(tmp_path, "b", {"classifier.weight": torch.tensor([1.0, 2.5])}, [{"step": 0, "accuracy": 50.0}])
+    store = {}
+    first = table7_equivalence.compare(tmp_path, a, b, store)
+    assert first["weight_abs"] == 0.5 and store == {"a:b": {k: first[k] for k in store["a:b"]}}
+    (tmp_path / "a.pt").unlink()
+    later = table7_equivalence.compare(tmp_path, a, b, json.loads(json.dumps(store)))
+    assert (later["weight_abs"], later["weight_rel_name"]) == (0.5, "classifier.weight")
+    c = {**b, "metrics": {**b["metrics"], "final_weights_digest": "c"}}
+    assert table7_equivalence.compare(tmp_path, a, c, store)["weight_abs"] is None
+
+
 def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
     w = {"classifier.weight": torch.tensor([1.0])}
     curve_a = [
