@@ -97,6 +97,42 @@ def _gradient_free(family: str, names) -> set[str]:
     return FAMILIES[family].gradient_free(_Named())
 
 
+SEED_ROWS = ("baseline-fp32", "baseline-fp32-s1", "baseline-fp32-s2")  # the seed-to-seed spread (table7.SEEDS)
+
+
+def verdict(by_name: dict[str, dict], task: str) -> dict:
+    """The paper's claim for one task, from its records' final dev scores (`score`, the task's metric): L2L FP32
+    inside the FP32 baseline's range over its seeds, and L2L-CMP within that range's width of AMP. A verdict
+    needs every seed row; a pair, both rows."""
+
+    def score(row: str):
+        rec = by_name.get(f"{task}-{row}")
+        value = (rec or {}).get("metrics", {}).get("score") if (rec or {}).get("status") == "ok" else None
+        return value if _finite(value) else None
+
+    seeds = [score(r) for r in SEED_ROWS]
+    have = [x for x in seeds if x is not None]
+    out = {"seeds": have, "fp32": score("l2l-fp32"), "amp": score("baseline-amp"), "cmp": score("l2l-cmp")}
+    out["low"], out["high"] = (min(have), max(have)) if have else (None, None)
+    out["spread"] = out["high"] - out["low"] if have else None
+    full = len(have) == len(SEED_ROWS)
+    if not full or out["fp32"] is None:
+        out["fp32_verdict"] = f"pending ({len(have)} of {len(SEED_ROWS)} seeds" + (
+            ", no L2L FP32)" if out["fp32"] is None else ")"
+        )
+    else:
+        off = max(out["low"] - out["fp32"], out["fp32"] - out["high"], 0.0)
+        out["fp32_verdict"] = "reproduced" if off == 0 else f"not reproduced ({off:.2f} outside)"
+    if not full or out["amp"] is None or out["cmp"] is None:
+        out["cmp_verdict"] = "pending"
+    else:
+        gap = abs(out["cmp"] - out["amp"])
+        out["cmp_verdict"] = (
+            "reproduced" if gap <= out["spread"] else f"not reproduced ({gap:.2f} > {out['spread']:.2f})"
+        )
+    return out
+
+
 def _finite(*xs) -> bool:
     return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
 
@@ -167,7 +203,21 @@ def write(exp, results_dir: Path) -> list[Path]:
                 "|---|---|---|---|---|---|---|---|---|",
                 *table,
                 "",
+                "The claim per task (final dev score, the task's metric): L2L FP32 against the FP32 baseline's range "
+                f"over its {len(SEED_ROWS)} seeds; L2L-CMP against AMP, within that range's width.",
+                "",
+                "| task | baseline FP32 by seed | range | L2L FP32 | FP32 verdict | AMP | L2L-CMP | CMP verdict |",
+                "|---|---|---|---|---|---|---|---|",
             ]
+            for task in dict.fromkeys(c.row.task for c in cells):
+                v = verdict({k: r for k, (_, r) in by_name.items()}, task)
+                seeds = ", ".join(_fmt(x, ".1f") for x in v["seeds"]) or "—"
+                span = "—" if v["low"] is None else f"{v['low']:.1f}-{v['high']:.1f} ({v['spread']:.1f})"
+                lines.append(
+                    f"| {task.upper()} | {seeds} | {span} | {_fmt(v['fp32'], '.1f')} | {v['fp32_verdict']} | "
+                    f"{_fmt(v['amp'], '.1f')} | {_fmt(v['cmp'], '.1f')} | {v['cmp_verdict']} |"
+                )
+            lines.append("")
     if not found:
         lines += ["No task has both rows of a pair finished yet.", ""]
     out = Path(results_dir) / f"{exp.name}_equivalence.md"

@@ -151,6 +151,22 @@ def test_the_weights_figures_outlive_the_weights_files(tmp_path):
     assert table7_equivalence.compare(tmp_path, a, c, store)["weight_abs"] is None
 
 
+def test_the_claim_is_judged_against_the_seed_spread():
+    def rec(score, status="ok"):
+        return {"status": status, "metrics": {"score": score}}
+
+    rows = {"mrpc-baseline-fp32": rec(79.7), "mrpc-baseline-fp32-s1": rec(78.9), "mrpc-baseline-fp32-s2": rec(80.6)}
+    rows |= {"mrpc-l2l-fp32": rec(79.7), "mrpc-baseline-amp": rec(80.4), "mrpc-l2l-cmp": rec(78.0)}
+    v = table7_equivalence.verdict(rows, "mrpc")
+    assert v["fp32_verdict"] == "reproduced" and v["spread"] == pytest.approx(1.7)
+    assert v["cmp_verdict"] == "not reproduced (2.40 > 1.70)"  # CMP 2.4 from AMP, wider than the seeds' spread
+    rows["mrpc-l2l-fp32"] = rec(81.0)
+    assert table7_equivalence.verdict(rows, "mrpc")["fp32_verdict"] == "not reproduced (0.40 outside)"
+    rows["mrpc-baseline-fp32-s2"] = rec(None, status="failed")  # a failed seed row leaves the verdict pending
+    v = table7_equivalence.verdict(rows, "mrpc")
+    assert v["fp32_verdict"] == "pending (2 of 3 seeds)" and v["cmp_verdict"] == "pending"
+
+
 def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
     w = {"classifier.weight": torch.tensor([1.0])}
     curve_a = [
