@@ -21,7 +21,8 @@ def _list(args) -> int:
             f"{k}={o.default} {list(o.choices) if o.choices else ''}".strip() for k, o in cls.options.items()
         )
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {name:16s} precisions {','.join(cls.precisions):12s} {doc}" + (f"  options: {opts}" if opts else ""))
+        doc = f"[peer: {cls.peer}] {doc}" if cls.peer else doc
+        print(f"  {name:22s} precisions {','.join(cls.precisions):12s} {doc}" + (f"  options: {opts}" if opts else ""))
     print("experiments:")
     for name, exp in sorted(all_experiments().items()):
         print(f"  {name:16s} {exp.title}")

@@ -1,7 +1,7 @@
 """Test-only methods loaded into cell processes through SUITE_PLUGINS, to make cells fail on purpose."""
 
 from baselines.grad_accum import GradAccum
-from suite.core.registry import register
+from suite.core.registry import Option, register
 
 
 @register("always-fails")
@@ -24,3 +24,20 @@ class Sleeps(GradAccum):
             f.write(str(os.getpid()))
         time.sleep(120)
         return super().step(batch)
+
+
+def _unscaled_peer():
+    """torch's GPipe with its own gradient scaling left on over a loss already divided by the minibatch: every
+    gradient 1/m of grad_accum's. The peers' oracle must catch it."""
+    from methods.peers.torch_pipelining import TorchPipeline
+
+    @register("torch-gpipe-double-scaled")
+    class DoubleScaled(TorchPipeline):
+        schedule_class = "ScheduleGPipe"
+        options = {"stages": Option(2), "timeout": Option(300.0)}
+        scale_grads = True
+
+    return DoubleScaled
+
+
+_unscaled_peer()

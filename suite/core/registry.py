@@ -64,6 +64,8 @@ class Method(ABC):
     # 0 when the first step's peaks are the steady ones already (tested where it is claimed).
     steady_after: ClassVar[int] = 1
     dist_check_module: ClassVar[str | None] = None
+    # A peer: the field's own implementation (the library named here), run beside ours, never one of ours.
+    peer: ClassVar[str | None] = None
 
     def __init__(self, model, run, device: torch.device):
         self.model, self.run, self.device = model, run, device

@@ -1,0 +1,98 @@
+"""Multi-rank equivalence of a peer: every torchrun rank runs it, rank 0 compares its weights with grad_accum's.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m methods.peers.dist_check \\
+        --method torch-1f1b --steps 3 --set stages=2 --set model.layers=2
+
+A pipeline peer (shards_batch False) takes the whole minibatch on every rank; a data-parallel one (FSDP2,
+DeepSpeed) its shard, against a reference that cuts the same global minibatch into the same micro-batches
+(offsets stay global, so dropout keys match). The weights are gathered on every rank; rank 0 trains the
+reference and compares each tensor's update with suite.core.check's tolerance. Every rank exits non-zero on
+a mismatch; a failing rank prints its traceback and exits at once so torchrun tears the others down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+from methods.pipeline.executors.dist import rank_main
+from suite.config.run import RunConfig, apply_overrides
+from suite.core import registry
+from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
+from suite.harness.data import synthetic_batches
+from suite.harness.device import resolve_device
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--method", action="append", required=True, help="repeatable: checked one after another")
+    p.add_argument("--against", default="grad_accum")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+
+    device = resolve_device("auto", int(os.environ.get("LOCAL_RANK", 0)))
+    failed = [name for name in args.method if not check_one(name, args, device)]
+    if int(os.environ.get("RANK", 0)) == 0 and len(args.method) > 1:
+        tail = f"; FAILED: {failed}" if failed else ""
+        print(f"{len(args.method) - len(failed)} of {len(args.method)} passed{tail}")
+    dist.destroy_process_group()
+    return int(bool(failed))
+
+
+def check_one(method: str, args, device: torch.device) -> bool:
+    """Check one peer on every rank (the process group stays up for the next); True when it passed."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cls = registry.get(method)
+    ranks = [f"ranks={world}"] if cls.shards_batch else []
+    run = apply_overrides(RunConfig(method=method, device=device.type), ranks + args.set, cls.options)
+    if not any(s.startswith("precision=") for s in args.set):
+        run.precision = default_precision(method, device)
+    run = run.validate()
+    if cls.world_size(run) != world:
+        raise SystemExit(f"{method} with {run.options} needs {cls.world_size(run)} ranks, got {world}")
+    subject = build_method(run, device)  # joins the process group
+    w0 = subject.state_dict()
+    batches = synthetic_batches(run, padded=True)
+    if cls.shards_batch:
+        batches = (b.shard(rank, world) for b in batches)
+    losses = [subject.step(next(batches)).loss for _ in range(args.steps)]
+    state = subject.state_dict()
+
+    ok = True
+    if rank == 0:
+        ref_run = dataclasses.replace(
+            run, method=args.against, options={}, ranks=1, precision=default_precision(args.against, device)
+        )
+        if cls.shards_batch:  # the ranks' micro-batches, one after another on one rank
+            ref_run = dataclasses.replace(
+                ref_run, micro_batch_size=run.micro_batch_size // world, num_micro_batches=run.num_micro_batches * world
+            )
+        reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
+        losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
+        ref_state = reference.state_dict()
+        errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
+        weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
+        result = CheckResult(
+            f"{method} on {world} ranks ({', '.join(f'{k}={v}' for k, v in subject.opts.items())})",
+            f"{args.against} on 1 rank",
+            args.steps,
+            max(TOLERANCE[run.precision], TOLERANCE[ref_run.precision]),
+            errors,
+            weight_errors,
+            reference.model.gradient_free(),
+            losses,
+        )
+        print(result.report(top=5))
+        ok = result.passed
+    verdict = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(verdict)
+    return verdict.item() == 0
+
+
+if __name__ == "__main__":
+    rank_main(main)

@@ -1,0 +1,36 @@
+"""The process group a peer method joins: torchrun's when launched by it, else a one-rank group of its own."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from suite.config.errors import ConfigError
+
+
+def join(world: int, device: torch.device, timeout_s: float = 300.0) -> tuple[int, int]:
+    """(rank, world size) of the default group, joined if needed: torchrun's ranks through its env (gloo on CPU,
+    NCCL on CUDA), or, for a one-rank run started without torchrun (`suite check`), an in-process group."""
+    if not dist.is_initialized():
+        kwargs: dict = dict(timeout=timedelta(seconds=timeout_s))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            kwargs.update(backend="nccl", device_id=device)
+        else:
+            kwargs.update(backend="gloo")
+        if "RANK" in os.environ:
+            dist.init_process_group(**kwargs)
+        elif world == 1:
+            # The peers' libraries speak only through a process group, even to themselves.
+            dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        else:
+            raise ConfigError(
+                f"this peer runs on {world} ranks: launch it with python -m torch.distributed.run "
+                f"--nproc_per_node={world} (python -m suite run/check does)"
+            )
+    if dist.get_world_size() != world:
+        raise ConfigError(f"this run needs {world} ranks, torch.distributed has {dist.get_world_size()}")
+    return dist.get_rank(), dist.get_world_size()
