@@ -18,7 +18,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,metrics,lint]'
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -e '.[test,metrics,lint,peers]'
 	$(PY) -m suite.harness.fused_lamb
 	touch $(STAMP)
 

@@ -36,6 +36,11 @@ class TorchStageModule(nn.Module):
         return out
 
 
+def gloo_mixes_p2p() -> bool:
+    """Whether this torch's gloo runs a batch mixing sends and receives (2.13 does; 2.11 fails it)."""
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
 def stage_indices(placement: str, rank: int, ranks: int, per_rank: int) -> list[int]:
     """The global stage indices rank `rank` holds: one stage; `loop` (stage s on rank s mod ranks); or `v`
     (rank r holds r and 2*ranks-1-r, so rank 0 holds the first and the last stage)."""
@@ -107,6 +112,11 @@ class TorchPipeline(Method):
         type(self).check_config(run)
         self.d, self.v, self.m = self.opts["stages"], self.per_rank(self.opts), run.num_micro_batches
         self.rank, _ = join(self.d, device, self.opts["timeout"])
+        if self.placement == "v" and self.d > 1 and dist.get_backend() == "gloo" and not gloo_mixes_p2p():
+            raise ConfigError(
+                f"{self.name} on gloo needs torch >= 2.13: torch {torch.__version__}'s gloo fails the V schedules' "
+                "first mixed send/receive batch ('Pair is not connected'); use NCCL or a newer torch"
+            )
         total = self.d * self.v
         ranges = split_layers(model, total)
         mine = stage_indices(self.placement, self.rank, self.d, self.v)

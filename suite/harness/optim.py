@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from suite.harness import fused_lamb
 from suite.harness.device import is_fake
@@ -43,7 +44,8 @@ class Lamb(torch.optim.Optimizer):
         """The fused kernel if asked for and every tensor can take it, else None (the foreach path)."""
         if not self.fused or not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
             return None
-        if not all(t.is_contiguous() for t in tensors):
+        # A sharded DTensor (FSDP2) holds a shard, and the trust ratio needs the whole tensor's norm.
+        if not all(t.is_contiguous() and not isinstance(t, DTensor) for t in tensors):
             return None
         return fused_lamb.kernel()
 
@@ -98,7 +100,7 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
-def _no_decay(name: str) -> bool:
+def no_decay(name: str) -> bool:
     """BERT convention: no weight decay on biases and LayerNorm weights."""
     return name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
 
@@ -153,8 +155,8 @@ class LayerwiseOptimizer:
                             o.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
 
     def _make(self, named):
-        decay = [p for n, p in named if not _no_decay(n)]
-        plain = [p for n, p in named if _no_decay(n)]
+        decay = [p for n, p in named if not no_decay(n)]
+        plain = [p for n, p in named if no_decay(n)]
         groups = [
             g
             for g in (dict(params=decay, weight_decay=self.run.weight_decay), dict(params=plain, weight_decay=0.0))

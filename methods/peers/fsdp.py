@@ -1,0 +1,114 @@
+"""torch's FSDP2 (`fully_shard`) as a peer: data parallel, every layer sharded, offloaded to the host on a GPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from methods.peers.group import join
+from suite.core.registry import Method, Option, StepStats, register
+from suite.harness.data import MiniBatch
+from suite.harness.device import place
+from suite.harness.optim import LayerwiseOptimizer
+
+
+class _Whole(nn.Module):
+    """The layered model behind one root module, so that FSDP2's root hooks run once per micro-batch around the
+    layers' own (each layer is called as a module, so its unshard and reduce-scatter hooks fire). It registers the
+    layers alone: through the HF model the root would meet the head's pieces outside their sharded unit."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.layers = model.layers
+        self.forward_micro_batch = model.forward_micro_batch  # a bound method: the model is not a submodule
+
+    def forward(self, ctx):
+        return self.forward_micro_batch(ctx)
+
+
+@register("fsdp-offload")
+class FSDPOffload(Method):
+    """FSDP2: one `fully_shard` unit per layer over `ranks` data-parallel ranks; CPUOffloadPolicy on a GPU."""
+
+    peer = "torch FSDP2 (fully_shard)"
+    precisions = ("fp32",)
+    shards_batch = True
+    dist_check_module = "methods.peers.dist_check"
+    steady_after = 1  # the first step's lazy init and all-gather buffers
+    options = {
+        "offload": Option(
+            "auto",
+            ("auto", "on", "off"),
+            "CPUOffloadPolicy (parameters, gradients, optimizer on the host): auto = on with a GPU; on a CPU the "
+            "parameters are on the host already, so auto runs plain FSDP2",
+        ),
+        "reshard": Option("on", ("on", "off"), "free the gathered parameters after each forward (ZeRO-3) or not"),
+        "timeout": Option(300.0, help="seconds before process-group init or any collective fails the run"),
+    }
+
+    @classmethod
+    def offloads(cls, opts: dict, device: torch.device) -> bool:
+        return opts["offload"] == "on" or (opts["offload"] == "auto" and device.type == "cuda")
+
+    def __init__(self, model, run, device):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        super().__init__(model, run, device)
+        self.rank, self.world = join(run.ranks, device, self.opts["timeout"])
+        self.offload = self.offloads(self.opts, device)
+        # Pinned host memory needs an accelerator; a CPU build refuses it.
+        policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.offload else OffloadPolicy()
+        if not self.offload:
+            place(model, device)
+        mesh = init_device_mesh(device.type, (self.world,))
+        kw = dict(mesh=mesh, offload_policy=policy, reshard_after_forward=self.opts["reshard"] == "on")
+        for layer in model.layers:
+            fully_shard(layer, **kw)
+        self.root = fully_shard(_Whole(model), **kw)
+        for unit in [self.root, *model.layers]:
+            # Sums, as grad_accum's: each rank's loss is already its share of the global minibatch. (Gloo has no
+            # PREMUL_SUM, which a divide factor would otherwise take.)
+            unit.set_force_sum_reduction_for_comms(True)
+            unit.set_gradient_divide_factor(1.0)
+        # Names now, after sharding: the parameters are the DTensors FSDP2 registered in place of the originals.
+        self.layer_params = [model.layer_named_parameters(i) for i in range(model.num_layers)]
+        self.params = [p for named in self.layer_params for _, p in named]
+        self.opt = LayerwiseOptimizer(self.layer_params, run)
+        self.step_count = 0
+
+    def step(self, batch: MiniBatch) -> StepStats:
+        m, denom = self.run.num_micro_batches, batch.size * self.world
+        total = torch.zeros((), device=self.device)
+        for j, mb in enumerate(batch.split(m)):
+            # Gradients stay local, unsharded, until the last micro-batch, whose backward reduce-scatters them.
+            self.root.set_requires_gradient_sync(j == m - 1)
+            ctx = self.model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
+            loss = self.root(ctx)
+            loss.backward()
+            total += loss.detach()
+        if self.run.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.run.clip_grad_norm)
+        self.opt.step(self.step_count)
+        for p in self.params:
+            p.grad = None
+        if self.world > 1:
+            dist.all_reduce(total)
+        self.step_count += 1
+        return StepStats(loss=float(total), samples=batch.size)  # this rank's, as every data-parallel method reports
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full FP32 weights by HF name on CPU, gathered on every rank (collective)."""
+        return {n: p.full_tensor().detach().float().cpu().clone() for named in self.layer_params for n, p in named}
+
+    def memory_roles(self) -> dict[str, list[torch.Tensor]]:
+        local = [p.to_local() for p in self.params]
+        grads = [p.grad.to_local() for p in self.params if p.grad is not None]
+        return {"parameters": local, "gradients": grads, "optimizer": self.opt.state_tensors()}
+
+    def resident_device_bytes(self) -> int:
+        if self.offload:
+            return 0  # shards, gradients and optimizer state live on the host between steps
+        own = sum(p.to_local().numel() * p.element_size() for p in self.params)
+        return own + self.opt.state_bytes()
