@@ -55,7 +55,27 @@ def rows(profile: str) -> list[Row]:
             {**relay_labels, "precision": "CMP"},
             {"throughput": 52.48, "memory_gb": 4.96},
         ),
+        # Peers (not in the paper): the field's own offloading at L2L FP32's shape, one device's batch in one
+        # micro-batch, LAMB as ours (ZeRO with the suite's LAMB as a client optimizer, one group per tensor).
+        *(
+            Row(
+                f"peer-{name}-fp32",
+                method,
+                {**relay, "precision": "fp32"},
+                {**relay_labels, "precision": "FP32", "peer": peer},
+            )
+            for name, method, peer in PEERS
+        ),
     ]
+
+
+# name, method, what the row's peer column says. FSDP2's offload is a GPU feature (pinned host memory): on a CPU
+# the row runs plain FSDP2 over gloo, and a count (one CPU standing for device and host) counts it without offload.
+PEERS = (
+    ("fsdp", "fsdp-offload", "torch FSDP2 (CPU offload on a GPU; plain on a CPU and in a count)"),
+    ("zero-offload", "deepspeed-offload", "DeepSpeed ZeRO-Offload (stage 2)"),
+    ("zero-infinity", "deepspeed-infinity", "DeepSpeed ZeRO-3, parameters offloaded"),
+)
 
 
 EXPERIMENT = Experiment(
@@ -63,7 +83,7 @@ EXPERIMENT = Experiment(
     title="Table 2: memory and throughput, baseline AG vs L2L (BERT)",
     source="L2L paper (l2l-constant-memory.txt), Table 2: BERT-Large on 4x V100-16GB, SST-2, total batch 256",
     metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory", unit="GB")],
-    label_columns=["precision", "device batch", "uBatch", "batch/device"],
+    label_columns=["precision", "device batch", "uBatch", "batch/device", "peer"],
     baseline="baseline-fp32",
     rows=rows,
     base=base,

@@ -14,6 +14,7 @@ from methods.peers.group import join
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
+from suite.harness.device import scalar
 from suite.harness.optim import Lamb, lr_at, no_decay
 
 INSTALL = "DS_BUILD_OPS=0 pip install -e '.[peers]' (DeepSpeed 0.19.8; its CPU ops build just in time)"
@@ -38,6 +39,7 @@ class DeepSpeedOffload(Method):
 
     stage: ClassVar[int] = 2
     peer = "DeepSpeed ZeRO"
+    uncounted = "DeepSpeed's engine builds flat buffers and runs its own C++ ops, for which fake tensors cannot stand"
     precisions = ("fp32",)
     shards_batch = True
     dist_check_module = "methods.peers.dist_check"
@@ -137,7 +139,12 @@ class DeepSpeedOffload(Method):
         if self.world > 1:
             dist.all_reduce(total)
         self.step_count += 1
-        return StepStats(loss=float(total), samples=batch.size)
+        return StepStats(loss=scalar(total), samples=batch.size)
+
+    def resident_device_bytes(self) -> int:
+        # Between steps stage 2 keeps the module's weights on the device (its optimizer and master copy on the
+        # host); stage 3 keeps only partitions, offloaded to the host.
+        return 0 if self.stage == 3 else sum(p.numel() * p.element_size() for p in self.params)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The FP32 master weights by HF name on CPU, gathered on every rank (collective)."""

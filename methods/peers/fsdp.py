@@ -9,7 +9,7 @@ from torch import nn
 from methods.peers.group import join
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import place
+from suite.harness.device import is_fake, place, scalar
 from suite.harness.optim import LayerwiseOptimizer
 
 
@@ -52,17 +52,20 @@ class FSDPOffload(Method):
         return opts["offload"] == "on" or (opts["offload"] == "auto" and device.type == "cuda")
 
     def __init__(self, model, run, device):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         super().__init__(model, run, device)
-        self.rank, self.world = join(run.ranks, device, self.opts["timeout"])
+        counted = is_fake(next(model.parameters()))
+        self.rank, self.world = join(run.ranks, device, self.opts["timeout"], counted)
         self.offload = self.offloads(self.opts, device)
         # Pinned host memory needs an accelerator; a CPU build refuses it.
         policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.offload else OffloadPolicy()
         if not self.offload:
             place(model, device)
-        mesh = init_device_mesh(device.type, (self.world,))
+        with unset_fake_temporarily():  # the mesh reads its rank table's values, which a counted tensor has not
+            mesh = init_device_mesh(device.type, (self.world,))
         kw = dict(mesh=mesh, offload_policy=policy, reshard_after_forward=self.opts["reshard"] == "on")
         for layer in model.layers:
             fully_shard(layer, **kw)
@@ -96,7 +99,7 @@ class FSDPOffload(Method):
         if self.world > 1:
             dist.all_reduce(total)
         self.step_count += 1
-        return StepStats(loss=float(total), samples=batch.size)  # this rank's, as every data-parallel method reports
+        return StepStats(loss=scalar(total), samples=batch.size)  # this rank's, as every data-parallel method reports
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full FP32 weights by HF name on CPU, gathered on every rank (collective)."""

@@ -11,9 +11,14 @@ import torch.distributed as dist
 from suite.config.errors import ConfigError
 
 
-def join(world: int, device: torch.device, timeout_s: float = 300.0) -> tuple[int, int]:
+def join(world: int, device: torch.device, timeout_s: float = 300.0, counted: bool = False) -> tuple[int, int]:
     """(rank, world size) of the default group, joined if needed: torchrun's ranks through its env (gloo on CPU,
-    NCCL on CUDA), or, for a one-rank run started without torchrun (`suite check`), an in-process group."""
+    NCCL on CUDA), or, for a one-rank run started without torchrun (`suite check`), an in-process group; for a
+    counted one-rank step a fake group, whose collectives move nothing (a count's several ranks have one already)."""
+    if counted and not dist.is_initialized():
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     if not dist.is_initialized():
         kwargs: dict = dict(timeout=timedelta(seconds=timeout_s))
         if device.type == "cuda":

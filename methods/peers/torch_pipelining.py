@@ -14,7 +14,7 @@ from methods.pipeline.method import split_layers
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import drop
+from suite.harness.device import drop, is_fake, scalar
 
 
 class TorchStageModule(nn.Module):
@@ -29,7 +29,8 @@ class TorchStageModule(nn.Module):
         self.ctxs: list = []
 
     def forward(self, x, mb):
-        ctx = self.ctxs[int(mb)]
+        # A counted step's index has no value; its micro-batches differ in values only, so any context will do.
+        ctx = self.ctxs[0 if is_fake(mb) else int(mb)]
         out = self.stage.run_layers(ctx.mb if self.stage.first else x, ctx)
         if self.stage.last:
             ctx.logits = None  # read only by evaluation; would hold batch x seq x vocab until the step ends
@@ -63,6 +64,10 @@ class TorchPipeline(Method):
     dist_check_module = "methods.peers.dist_check"
     steady_after = 1  # torch allocates its receive buffers and caches in the first step
     peer = "torch.distributed.pipelining"
+    uncounted = (
+        "torch's schedules settle each stage's mode by a vote they read back (.item()) before the first step, "
+        "which a counted step's tensors cannot answer"
+    )
     scale_grads: ClassVar[bool] = False  # the loss is already a share of the minibatch's
     options: ClassVar[dict[str, Option]] = {}  # set per schedule below (`virtual` where stages loop)
 
@@ -186,7 +191,7 @@ class TorchPipeline(Method):
         for st in self.stages:
             st.update(self.step_count)
         self.step_count += 1
-        return StepStats(loss=float(loss), samples=batch.size)
+        return StepStats(loss=scalar(loss), samples=batch.size)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """FP32 weights by HF name on CPU, gathered from every rank to every rank (collective)."""

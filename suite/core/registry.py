@@ -66,6 +66,9 @@ class Method(ABC):
     dist_check_module: ClassVar[str | None] = None
     # A peer: the field's own implementation (the library named here), run beside ours, never one of ours.
     peer: ClassVar[str | None] = None
+    # Why a count (fake tensors) cannot follow this method's step, if it cannot: its cells are then recorded
+    # `not_implemented` with the reason instead of failing inside the library.
+    uncounted: ClassVar[str | None] = None
 
     def __init__(self, model, run, device: torch.device):
         self.model, self.run, self.device = model, run, device

@@ -124,3 +124,20 @@ def test_without_deepspeed_the_error_says_how_to_install(monkeypatch):
     run = RunConfig(method="deepspeed-offload").validate()
     with pytest.raises(ConfigError, match=r"needs DeepSpeed, which is not installed: DS_BUILD_OPS=0 pip install"):
         registry.get("deepspeed-offload").check_config(run)
+
+
+def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_path, monkeypatch):
+    """Table 5's peers at tiny under a count: FSDP2 counted (a fake one-rank group), ZeRO-3 recorded
+    not_implemented with the reason, before any process starts (no DeepSpeed needed)."""
+    from suite.core.experiment import get_experiment
+    from suite.sweep import sweep
+
+    monkeypatch.setenv("SUITE_MACHINE", "counter")
+    exp = get_experiment("table5")
+    rows = ["peer-fsdp-x1", "peer-zero-infinity-x1"]
+    records = sweep(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, measure="count")
+    by_row = {r["row"]: r for r in records}
+    # without offload in a count, FSDP2 at one rank holds what grad_accum holds: past the 10 MiB cap at 64 samples
+    assert by_row["peer-fsdp-x1"]["status"] == "oom", by_row["peer-fsdp-x1"].get("error", "")[-2000:]
+    zero = by_row["peer-zero-infinity-x1"]
+    assert zero["status"] == "not_implemented" and zero["error"].startswith("not counted: DeepSpeed's engine")
