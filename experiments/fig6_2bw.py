@@ -21,6 +21,8 @@ PROJECTED = [("2.2B", 8, 1, (64, 512)), ("3.8B", 16, 4, (512, 2048))]
 
 def rows(profile: str):
     out = [pf.measured(f"measured-{meth}-m{m}", meth, 2, 1, 4, m, True) for m in (2, 16) for meth in METHODS]
+    # Peers: torch's schedules over the same layers, split and micro-batches, recomputing as ours do.
+    out += [pf.peer_measured(f"measured-{p}-m{m}", p, 2, 4, m, True) for m in (2, 16) for p in pf.PEERS]
     for model, d, w, batches in PROJECTED:
         for batch in batches:
             for system in (*METHODS, "mp"):
@@ -71,7 +73,9 @@ EXPERIMENT = pf.FigureExperiment(
         pf.ASSUMPTIONS + "All rows use activation recomputation, as the paper's Figure 6. Projected rows let "
         "the planner pick the fastest micro-batch size that fits 16 GB (the paper: the largest that fits) for "
         "each system at the global batch; inter-layer MP runs one micro-batch through the d stages at a time. "
-        "Measured rows: d=2 ranks, micro-batches of 4, m=2 (batch 8) and m=16 (batch 64). The paper's "
+        "Measured rows: d=2 ranks, micro-batches of 4, m=2 (batch 8) and m=16 (batch 64); the `(peer)` systems "
+        "are torch.distributed.pipelining's schedules driving the same layers (interleaved ones: 2 stages per "
+        "rank), measured in the same rounds. The paper's "
         "column holds its stated ratios (§5.2); the figure labels each bar with its ratio to GPipe."
     ),
 )

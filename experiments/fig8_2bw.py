@@ -7,6 +7,7 @@ from suite.core.experiment import Metric
 
 MEASURED = ((2, 2), (2, 8))  # (d, b) on 2 ranks
 MEASURED_BATCHES = (16, 32, 64)
+PEER_SCHEDULES = ("torch-1f1b", "torch-zero-bubble")
 PROJECTED = ((8, 32), (8, 16), (4, 8))  # (d, b) on 64 V100s, w = 64 / d
 PROJECTED_BATCHES = (512, 1024, 2048, 4096)
 
@@ -20,6 +21,15 @@ def _paper(d: int, b: int, batch: int) -> dict | None:
 def rows(profile: str):
     out = [
         pf.measured(f"measured-d{d}-b{b}-B{batch}", "pipedream-2bw", d, 1, b, batch // b, False, config=f"({d},{b})")
+        for d, b in MEASURED
+        for batch in MEASURED_BATCHES
+    ]
+    # Peers: torch's 1F1B and zero-bubble schedules at the same (d, b), one pipeline (2BW's replicas are w=1 here).
+    out += [
+        pf.peer_measured(
+            f"measured-{p}-d{d}-b{b}-B{batch}", p, d, b, batch // b, False, config=f"{pf.SYSTEM[p]} ({d},{b})"
+        )
+        for p in PEER_SCHEDULES
         for d, b in MEASURED
         for batch in MEASURED_BATCHES
     ]
@@ -88,6 +98,7 @@ EXPERIMENT = pf.FigureExperiment(
         pf.ASSUMPTIONS + "Projected rows: 2BW with recomputation, w = 64 / d; a (d, b) needs batch >= d b w "
         "(m >= d), so (8, 32) starts at 2048. Paper (§5.4): throughput rises with the batch (less all-reduce "
         "per sample), most where replicas talk across servers; at d=8 the larger micro-batch (b=32) is faster, "
-        "and smaller depths cannot fit it. Measured rows: 2BW on d=2 ranks without recomputation, b=2 and b=8."
+        "and smaller depths cannot fit it. Measured rows: 2BW on d=2 ranks without recomputation, b=2 and b=8, "
+        "beside torch's 1F1B and zero-bubble schedules (peers, with a flush every step) at the same (d, b)."
     ),
 )

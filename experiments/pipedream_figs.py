@@ -21,7 +21,14 @@ SYSTEM = {
     "pipedream-flush": "PipeDream-Flush",
     "pipedream-2bw": "PipeDream-2BW",
     "mp": "inter-layer MP",
+    # Peers: torch.distributed.pipelining's schedules driving the same layers (methods/peers/torch_pipelining.py).
+    "torch-gpipe": "torch GPipe (peer)",
+    "torch-1f1b": "torch 1F1B (peer)",
+    "torch-interleaved-1f1b": "torch interleaved 1F1B (peer)",
+    "torch-zero-bubble": "torch zero bubble (peer)",
 }
+# The peers' schedules in the measured rows of Figures 6 and 8.
+PEERS = ("torch-gpipe", "torch-1f1b", "torch-interleaved-1f1b", "torch-zero-bubble")
 LABELS = ["source", "system", "model", "d", "w", "b", "m", "batch", "recompute"]
 # The measured rows' model per profile (as planner-check): tiny BERT on CPU, bigger on GPUs.
 MODEL = {
@@ -106,6 +113,27 @@ def measured(
             **labels,
         },
         paper or {},
+    )
+
+
+def peer_measured(name: str, method: str, d: int, b: int, m: int, recompute: bool, **labels) -> Row:
+    """A peer's real run on d ranks (torch's schedule over our layers), labelled as `measured` does."""
+    return Row(
+        name,
+        method,
+        {"stages": d, "recompute": recompute, "micro_batch_size": b, "num_micro_batches": m},
+        {
+            "source": "measured",
+            "system": SYSTEM[method],
+            "model": "tiny BERT",
+            "d": d,
+            "w": 1,
+            "b": b,
+            "m": m,
+            "batch": b * m,
+            "recompute": "on" if recompute else "off",
+            **labels,
+        },
     )
 
 
@@ -213,7 +241,8 @@ def grouped_bars(
         return []
     cells, records, fig, axes = drawn
     systems = list(SYSTEM.values())
-    colors = dict(zip(systems, ("tab:red", "tab:blue", "tab:green", "tab:gray")))
+    palette = ("tab:red", "tab:blue", "tab:green", "tab:gray", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
+    colors = dict(zip(systems, palette))
     for ax, src in zip(axes[0], sources):
         pts = [(c, r) for c, r in zip(cells, records) if c.row.labels.get("source") == src]
         names = list(dict.fromkeys(_group(c, groups) for c, _ in pts))

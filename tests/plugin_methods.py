@@ -34,7 +34,7 @@ def _unscaled_peer():
     @register("torch-gpipe-double-scaled")
     class DoubleScaled(TorchPipeline):
         schedule_class = "ScheduleGPipe"
-        options = {"stages": Option(2), "timeout": Option(300.0)}
+        options = {"stages": Option(2), "recompute": Option(False), "timeout": Option(300.0)}
         scale_grads = True
 
     return DoubleScaled

@@ -70,11 +70,19 @@ class DeepSpeedOffload(Method):
 
     def config(self) -> dict:
         run, host = self.run, {"device": "cpu", "pin_memory": self.device.type == "cuda"}
-        zero = {"stage": self.stage, "offload_optimizer": host}
+        # DeepSpeed's default buckets hold 5e8 elements (2 GB in FP32) whatever the model; capped at the model's
+        # size, so that a small model is not measured by buffers it cannot fill.
+        bucket = int(min(5e8, sum(p.numel() for p in self.params)))
+        zero = {
+            "stage": self.stage,
+            "offload_optimizer": host,
+            "reduce_bucket_size": bucket,
+            "allgather_bucket_size": bucket,
+        }
         if self.stage == 3:
             # Every parameter partitioned and offloaded, the small ones too (DeepSpeed keeps those under 1e5
             # elements whole by default).
-            zero.update(offload_param=host, stage3_param_persistence_threshold=0)
+            zero.update(offload_param=host, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=bucket)
         return {
             "train_micro_batch_size_per_gpu": run.micro_batch_size // self.world,
             "gradient_accumulation_steps": run.num_micro_batches,
@@ -99,6 +107,7 @@ class DeepSpeedOffload(Method):
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
         self.layer_params = [model.layer_named_parameters(i) for i in range(model.num_layers)]
         named = [(n, p) for layer in self.layer_params for n, p in layer]
+        self.params = [p for _, p in named]
         hyper = dict(lr=run.lr, betas=(run.beta1, run.beta2), eps=run.eps)
         if run.optimizer == "lamb":
             # One group per tensor: ZeRO flattens each group, and LAMB's trust ratio is per tensor.
@@ -119,7 +128,6 @@ class DeepSpeedOffload(Method):
         self.engine, self.opt, _, _ = deepspeed.initialize(
             model=_Layers(model), optimizer=opt, config=self.config(), dist_init_required=False
         )
-        self.params = [p for _, p in named]
         self.step_count = 0
 
     def step(self, batch: MiniBatch) -> StepStats:

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch import nn
 
 from methods.peers.group import join
@@ -22,16 +23,24 @@ class TorchStageModule(nn.Module):
     index, chunked by torch like every input) picks the context (labels, mask, dropout keys), which a
     tensor-only interface cannot carry; the first stage reads its micro-batch from there too."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, stage: Stage, recompute: bool = False):
         super().__init__()
-        self.stage = stage
+        self.stage, self.recompute = stage, recompute
         self.blocks = nn.ModuleList(stage.model.layers[i] for i in stage.layers)  # registers the parameters
         self.ctxs: list = []
 
     def forward(self, x, mb):
         # A counted step's index has no value; its micro-batches differ in values only, so any context will do.
         ctx = self.ctxs[0 if is_fake(mb) else int(mb)]
-        out = self.stage.run_layers(ctx.mb if self.stage.first else x, ctx)
+        model = self.stage.model
+        x = ctx.mb if self.stage.first else x
+        for i in self.stage.layers:
+            if self.recompute and 0 < i < model.num_layers - 1:
+                # Each block keeps only its input; the keyed dropout masks make the recompute exact.
+                x = torch.utils.checkpoint.checkpoint(model.forward_layer, i, x, ctx, use_reentrant=False)
+            else:
+                x = model.forward_layer(i, x, ctx)
+        out = x
         if self.stage.last:
             ctx.logits = None  # read only by evaluation; would hold batch x seq x vocab until the step ends
         return out
@@ -128,7 +137,7 @@ class TorchPipeline(Method):
         for i in set(range(model.num_layers)) - {i for s in mine for i in ranges[s]}:
             drop(model.layers[i])  # other ranks' layers: not this rank's to hold
         self.stages = [Stage(model, ranges[s], s, device, False, run) for s in mine]
-        self.modules_ = [TorchStageModule(st) for st in self.stages]
+        self.modules_ = [TorchStageModule(st, self.opts["recompute"]) for st in self.stages]
         self.total = total
         self.step_count = 0
         self._schedule, self._shape = None, None
@@ -213,6 +222,7 @@ class TorchPipeline(Method):
 def _options(placement: str) -> dict[str, Option]:
     opts = {
         "stages": Option(2, help="pipeline ranks (one process each)"),
+        "recompute": Option(False, help="checkpoint every block: keep its input, recompute it in the backward"),
         "timeout": Option(300.0, help="seconds before process-group init or any wait fails the run"),
     }
     if placement == "loop":

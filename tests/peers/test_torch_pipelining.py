@@ -83,3 +83,11 @@ def test_bad_configurations_fail_in_one_line_before_launch(name, sets, needle):
     run = apply_overrides(RunConfig(method=name), sets, cls.options).validate()
     with pytest.raises(ConfigError, match=re.escape(needle)):
         cls.check_config(run)
+
+
+def test_recompute_keeps_the_bits():
+    """Every block checkpointed (keyed dropout masks): the zero-bubble split of the backward as well."""
+    peers = ["torch-1f1b", "torch-zero-bubble"]
+    proc = _check(peers, extra=["recompute=true"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count("PASS: largest 0.000e+00") == len(peers), proc.stdout

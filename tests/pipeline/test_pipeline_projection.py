@@ -44,6 +44,8 @@ def test_experiment_expands_to_measured_and_projected_cells(exp):
         if c.kind == "projected":
             assert c.run.options["projection"]["method"] in ("gpipe", "pipedream-flush", "pipedream-2bw", "mp")
             assert c.run.options.get("executor", "reference") == "reference"  # one process, nothing trained
+        elif c.run.method.startswith("torch-"):  # a peer: torch's schedule, one rank per stage by construction
+            assert "executor" not in c.run.options and c.row.labels["source"] == "measured"
         else:
             assert c.run.options["executor"] == "dist" and c.row.labels["source"] == "measured"
     assert len({c.key for c in cells.values()}) == len(cells)
