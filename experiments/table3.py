@@ -43,6 +43,11 @@ def rows(profile: str) -> list[Row]:
         labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA"}
         out.append(l2l_row(f"amp-rc-u{u}", "amp", {"num_micro_batches": u}, labels, options={"recompute": "on"}))
         out.append(l2l_row(f"amp-u{u}", "amp", {"num_micro_batches": u}, labels))
+    # Peer (not in the paper): FSDP2 in 16-bit (MixedPrecisionPolicy over FP32 shards, CMP's arithmetic) with CPU
+    # offload on a GPU, the same micro-batches accumulated; plain FSDP2 on a CPU.
+    for u in UBATCHES:
+        labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA", "peer": "torch FSDP2"}
+        out.append(l2l_row(f"peer-fsdp-u{u}", "fsdp-offload", {"num_micro_batches": u}, labels))
     return out
 
 
@@ -89,7 +94,7 @@ EXPERIMENT = Experiment(
     title="Table 3: L2L-CMP throughput and memory by number of micro-batches (inner looping)",
     source="L2L paper (l2l-constant-memory.txt), section 3.2.1, Table 3: BERT-Large, CMP, 4x V100-16GB",
     metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory", unit="GB")],
-    label_columns=["uBatch", "#uBatches", "device batch", "stash"],
+    label_columns=["uBatch", "#uBatches", "device batch", "stash", "peer"],
     baseline="l2l-cmp-u1",
     rows=rows,
     base=base,

@@ -9,7 +9,8 @@ from torch import nn
 from methods.peers.group import join
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import is_fake, place, scalar
+from suite.harness.device import DTYPES, flag, is_fake, place, scalar
+from suite.harness.loss_scale import DynamicLossScaler
 from suite.harness.optim import LayerwiseOptimizer
 
 
@@ -32,7 +33,9 @@ class FSDPOffload(Method):
     """FSDP2: one `fully_shard` unit per layer over `ranks` data-parallel ranks; CPUOffloadPolicy on a GPU."""
 
     peer = "torch FSDP2 (fully_shard)"
-    precisions = ("fp32",)
+    # 16-bit: FSDP2's MixedPrecisionPolicy, 16-bit weights in the layers' compute over FP32 shards, gradients
+    # reduced in FP32 (the analog of L2L-CMP); fp16 with the suite's dynamic loss scaling.
+    precisions = ("fp32", "bf16", "fp16")
     shards_batch = True
     dist_check_module = "methods.peers.dist_check"
     steady_after = 1  # the first step's lazy init and all-gather buffers
@@ -54,7 +57,7 @@ class FSDPOffload(Method):
     def __init__(self, model, run, device):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         super().__init__(model, run, device)
         counted = is_fake(next(model.parameters()))
@@ -66,7 +69,10 @@ class FSDPOffload(Method):
             place(model, device)
         with unset_fake_temporarily():  # the mesh reads its rank table's values, which a counted tensor has not
             mesh = init_device_mesh(device.type, (self.world,))
-        kw = dict(mesh=mesh, offload_policy=policy, reshard_after_forward=self.opts["reshard"] == "on")
+        mp = MixedPrecisionPolicy()
+        if run.precision != "fp32":
+            mp = MixedPrecisionPolicy(param_dtype=DTYPES[run.precision], reduce_dtype=torch.float32)
+        kw = dict(mesh=mesh, offload_policy=policy, mp_policy=mp, reshard_after_forward=self.opts["reshard"] == "on")
         for layer in model.layers:
             fully_shard(layer, **kw)
         self.root = fully_shard(_Whole(model), **kw)
@@ -79,6 +85,7 @@ class FSDPOffload(Method):
         self.layer_params = [model.layer_named_parameters(i) for i in range(model.num_layers)]
         self.params = [p for named in self.layer_params for _, p in named]
         self.opt = LayerwiseOptimizer(self.layer_params, run)
+        self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         self.step_count = 0
 
     def step(self, batch: MiniBatch) -> StepStats:
@@ -89,17 +96,27 @@ class FSDPOffload(Method):
             self.root.set_requires_gradient_sync(j == m - 1)
             ctx = self.model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
             loss = self.root(ctx)
-            loss.backward()
+            self.scaler.scale_loss(loss).backward()
             total += loss.detach()
-        if self.run.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.run.clip_grad_norm)
-        self.opt.step(self.step_count)
+        skipped = False
+        if self.scaler.enabled:  # on each rank's shards; an overflow anywhere skips the step everywhere
+            found = self.scaler.unscale_([p.grad.to_local() for p in self.params if p.grad is not None])
+            if self.world > 1:
+                dist.all_reduce(found, op=dist.ReduceOp.MAX)
+            skipped = flag(found)
+            self.scaler.update(skipped)
+        if not skipped:
+            if self.run.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, self.run.clip_grad_norm)
+            self.opt.step(self.step_count)
         for p in self.params:
             p.grad = None
         if self.world > 1:
             dist.all_reduce(total)
         self.step_count += 1
-        return StepStats(loss=scalar(total), samples=batch.size)  # this rank's, as every data-parallel method reports
+        # samples: this rank's, as every data-parallel method reports
+        extra = {"loss_scale": self.scaler.scale}
+        return StepStats(loss=scalar(total), samples=batch.size, skipped=skipped, extra=extra)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full FP32 weights by HF name on CPU, gathered on every rank (collective)."""

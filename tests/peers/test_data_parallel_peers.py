@@ -141,3 +141,14 @@ def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_p
     assert by_row["peer-fsdp-x1"]["status"] == "oom", by_row["peer-fsdp-x1"].get("error", "")[-2000:]
     zero = by_row["peer-zero-infinity-x1"]
     assert zero["status"] == "not_implemented" and zero["error"].startswith("not counted: DeepSpeed's engine")
+
+
+def test_fsdp_in_bf16_trains_as_l2l_cmp_does():
+    """16-bit weights in the compute over FP32 shards, gradients reduced in FP32: CMP's arithmetic, so the same
+    distance from FP32 grad_accum as l2l-cmp's, inside the 16-bit bound."""
+    got = {}
+    for name in ("fsdp-offload", "l2l-cmp"):
+        proc = _one_rank(name, "precision=bf16")
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        got[name] = _largest(proc.stdout, name)
+    assert got["fsdp-offload"] <= 0.5 and got["fsdp-offload"] == pytest.approx(got["l2l-cmp"], rel=0.05), got
