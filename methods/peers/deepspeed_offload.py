@@ -59,6 +59,8 @@ class DeepSpeedOffload(Method):
         super().check_config(run)
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError(f"{cls.name} needs DeepSpeed, which is not installed: {INSTALL}")
+        if run.optimizer == "lamb" and run.options.get("host_adam", "torch") == "deepspeed":
+            raise ConfigError(f"{cls.name}: host_adam=deepspeed is an AdamW kernel; set optimizer=adamw with it")
         if run.optimizer == "lamb" and run.ranks > 1:
             # ZeRO hands the optimizer flat partitions: with one group per tensor, a tensor's own at one rank, but
             # a shard of it at several, where LAMB's trust ratio would see a shard's norm. (DeepSpeed's LAMB is a
@@ -124,7 +126,7 @@ class DeepSpeedOffload(Method):
 
                 opt = DeepSpeedCPUAdam(groups, adamw_mode=True, fp32_optimizer_states=True, **hyper)
             else:
-                opt = torch.optim.AdamW(groups, fused=device.type == "cpu", **hyper)
+                opt = torch.optim.AdamW(groups, fused=True, **hyper)  # its tensors are on the host, offloaded
         self.engine, self.opt, _, _ = deepspeed.initialize(
             model=_Layers(model), optimizer=opt, config=self.config(), dist_init_required=False
         )

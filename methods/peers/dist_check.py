@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
 
-    device = resolve_device("auto", int(os.environ.get("LOCAL_RANK", 0)))
-    failed = [name for name in args.method if not check_one(name, args, device)]
+    failed = [name for name in args.method if not check_one(name, args)]
     if int(os.environ.get("RANK", 0)) == 0 and len(args.method) > 1:
         tail = f"; FAILED: {failed}" if failed else ""
         print(f"{len(args.method) - len(failed)} of {len(args.method)} passed{tail}")
@@ -44,12 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     return int(bool(failed))
 
 
-def check_one(method: str, args, device: torch.device) -> bool:
+def check_one(method: str, args) -> bool:
     """Check one peer on every rank (the process group stays up for the next); True when it passed."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     cls = registry.get(method)
     ranks = [f"ranks={world}"] if cls.shards_batch else []
-    run = apply_overrides(RunConfig(method=method, device=device.type), ranks + args.set, cls.options)
+    run = apply_overrides(RunConfig(method=method), ranks + args.set, cls.options)
+    device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
     if not any(s.startswith("precision=") for s in args.set):
         run.precision = default_precision(method, device)
     run = run.validate()
@@ -75,6 +75,9 @@ def check_one(method: str, args, device: torch.device) -> bool:
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
         ref_state = reference.state_dict()
+        if state.keys() != ref_state.keys():
+            missing, extra = sorted(ref_state.keys() - state.keys()), sorted(state.keys() - ref_state.keys())
+            raise AssertionError(f"{method} state_dict keys differ: missing {missing[:5]}, extra {extra[:5]}")
         errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
         weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
         result = CheckResult(

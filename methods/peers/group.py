@@ -19,11 +19,14 @@ def join(world: int, device: torch.device, timeout_s: float = 300.0, counted: bo
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    if dist.is_initialized() and (dist.get_backend() == "fake") != counted:
+        raise RuntimeError(f"a {'counted' if counted else 'real'} step found a {dist.get_backend()} process group")
     if not dist.is_initialized():
         kwargs: dict = dict(timeout=timedelta(seconds=timeout_s))
         if device.type == "cuda":
             torch.cuda.set_device(device)
-            kwargs.update(backend="nccl", device_id=device)
+            # gloo beside NCCL: offloaded shards (FSDP2's CPU offload) meet in collectives on the host.
+            kwargs.update(backend="cuda:nccl,cpu:gloo", device_id=device)
         else:
             kwargs.update(backend="gloo")
         if "RANK" in os.environ:

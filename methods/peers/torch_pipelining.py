@@ -15,7 +15,7 @@ from methods.pipeline.method import split_layers
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import drop, is_fake, scalar
+from suite.harness.device import drop, is_fake, resolve_device, scalar
 
 
 class TorchStageModule(nn.Module):
@@ -108,6 +108,11 @@ class TorchPipeline(Method):
                 f"{cls.name}: {d} ranks x {v} stages each = {total} stages, but the model has {layers} layers "
                 f"(embeddings, blocks, head): choose stages <= {layers // v}"
             )
+        if cls.placement == "v" and d > 1 and resolve_device(run.device).type == "cpu" and not gloo_mixes_p2p():
+            raise ConfigError(
+                f"{cls.name} on gloo needs torch >= 2.13: torch {torch.__version__}'s gloo fails the V schedules' "
+                "first mixed send/receive batch ('Pair is not connected'); use NCCL or a newer torch"
+            )
         # torch's own constraints, said before any process starts (torch raises them inside every rank).
         if cls.schedule_class in ("Schedule1F1B", "ScheduleDualPipeV") and m < total:
             raise ConfigError(
@@ -126,11 +131,6 @@ class TorchPipeline(Method):
         type(self).check_config(run)
         self.d, self.v, self.m = self.opts["stages"], self.per_rank(self.opts), run.num_micro_batches
         self.rank, _ = join(self.d, device, self.opts["timeout"])
-        if self.placement == "v" and self.d > 1 and dist.get_backend() == "gloo" and not gloo_mixes_p2p():
-            raise ConfigError(
-                f"{self.name} on gloo needs torch >= 2.13: torch {torch.__version__}'s gloo fails the V schedules' "
-                "first mixed send/receive batch ('Pair is not connected'); use NCCL or a newer torch"
-            )
         total = self.d * self.v
         ranges = split_layers(model, total)
         mine = stage_indices(self.placement, self.rank, self.d, self.v)

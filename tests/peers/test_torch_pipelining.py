@@ -21,7 +21,7 @@ PEERS = [
     "torch-zbv",
     "torch-dualpipev",
 ]
-TINY = ["model.layers=2", "model.hidden=32", "model.heads=2", "model.intermediate=64", "seq_len=8"]
+TINY = ["device=cpu", "model.layers=2", "model.hidden=32", "model.heads=2", "model.intermediate=64", "seq_len=8"]
 TIMEOUT = 300
 
 
@@ -83,6 +83,14 @@ def test_bad_configurations_fail_in_one_line_before_launch(name, sets, needle):
     run = apply_overrides(RunConfig(method=name), sets, cls.options).validate()
     with pytest.raises(ConfigError, match=re.escape(needle)):
         cls.check_config(run)
+
+
+def test_clipping_across_ranks_under_a_schedule():
+    """The squared norms of both ranks' stages summed before the clip, under a warm-up then decay."""
+    extra = ["clip_grad_norm=0.1", "schedule=linear", "warmup_steps=1", "total_steps=3"]
+    proc = _check(["torch-1f1b", "torch-zbv" if gloo_mixes_p2p() else "torch-zero-bubble"], extra=extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "2 of 2 passed" in proc.stdout
 
 
 def test_recompute_keeps_the_bits():
