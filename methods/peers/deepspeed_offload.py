@@ -55,10 +55,12 @@ class DeepSpeedOffload(Method):
     }
 
     @classmethod
+    def unavailable(cls) -> str | None:
+        return None if importlib.util.find_spec("deepspeed") else f"DeepSpeed is not installed: {INSTALL}"
+
+    @classmethod
     def check_config(cls, run) -> None:
         super().check_config(run)
-        if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError(f"{cls.name} needs DeepSpeed, which is not installed: {INSTALL}")
         if run.optimizer == "lamb" and run.options.get("host_adam", "torch") == "deepspeed":
             raise ConfigError(f"{cls.name}: host_adam=deepspeed is an AdamW kernel; set optimizer=adamw with it")
         if run.optimizer == "lamb" and run.ranks > 1:

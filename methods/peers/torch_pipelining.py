@@ -108,11 +108,6 @@ class TorchPipeline(Method):
                 f"{cls.name}: {d} ranks x {v} stages each = {total} stages, but the model has {layers} layers "
                 f"(embeddings, blocks, head): choose stages <= {layers // v}"
             )
-        if cls.placement == "v" and d > 1 and resolve_device(run.device).type == "cpu" and not gloo_mixes_p2p():
-            raise ConfigError(
-                f"{cls.name} on gloo needs torch >= 2.13: torch {torch.__version__}'s gloo fails the V schedules' "
-                "first mixed send/receive batch ('Pair is not connected'); use NCCL or a newer torch"
-            )
         # torch's own constraints, said before any process starts (torch raises them inside every rank).
         if cls.schedule_class in ("Schedule1F1B", "ScheduleDualPipeV") and m < total:
             raise ConfigError(
@@ -125,6 +120,11 @@ class TorchPipeline(Method):
                     f"{cls.name} needs num_micro_batches a multiple of its rounds (max(1, m // stages) = {rounds}), "
                     f"got {m}: choose a multiple of stages={d}"
                 )
+        if cls.placement == "v" and d > 1 and resolve_device(run.device).type == "cpu" and not gloo_mixes_p2p():
+            raise ConfigError(
+                f"{cls.name} on gloo needs torch >= 2.13: torch {torch.__version__}'s gloo fails the V schedules' "
+                "first mixed send/receive batch ('Pair is not connected'); use NCCL or a newer torch"
+            )
 
     def __init__(self, model, run, device):
         super().__init__(model, run, device)

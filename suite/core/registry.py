@@ -89,9 +89,17 @@ class Method(ABC):
         return [0] if cls.shards_batch else list(range(cls.world_size(run)))
 
     @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this machine cannot run the method at all (an optional library missing), or None. A sweep records
+        such a method's cells `not_implemented` with the reason and goes on; a direct run or check refuses."""
+        return None
+
+    @classmethod
     def check_config(cls, run) -> None:
         """Raise a one-line ConfigError, naming the broken constraint and a valid choice, for a run this method
         cannot take; called before any process is launched (multi-rank errors would surface in every rank)."""
+        if (why := cls.unavailable()) is not None:
+            raise ConfigError(f"method {run.method!r} cannot run here: {why}")
         if run.precision not in cls.precisions:
             raise ConfigError(f"method {run.method!r} runs at precision {list(cls.precisions)}, not {run.precision!r}")
         if cls.world_size(run) > 1 and cls.shards_batch and run.micro_batch_size % run.ranks:

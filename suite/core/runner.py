@@ -250,6 +250,10 @@ def run_cells(
             error = f"method {cell.row.method!r} is not registered yet"
             record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}
             records[cell.key] = _finish(record, cell, exp, profile, variant, fp, sweep_id, results_dir)
+        elif registry.get(cell.run.method).unavailable() is not None:
+            error = f"unavailable here: {registry.get(cell.run.method).unavailable()}"
+            record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}
+            records[cell.key] = _finish(record, cell, exp, profile, variant, fp, sweep_id, results_dir)
         elif measure == "count" and registry.get(cell.run.method).uncounted:
             error = f"not counted: {registry.get(cell.run.method).uncounted}"
             record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}

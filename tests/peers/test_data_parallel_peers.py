@@ -135,8 +135,26 @@ def test_without_deepspeed_the_error_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real(n, *a))
     run = RunConfig(method="deepspeed-offload").validate()
-    with pytest.raises(ConfigError, match=r"needs DeepSpeed, which is not installed: DS_BUILD_OPS=0 pip install"):
+    with pytest.raises(ConfigError, match=r"cannot run here: DeepSpeed is not installed: DS_BUILD_OPS=0 pip install"):
         registry.get("deepspeed-offload").check_config(run)
+
+
+def test_without_deepspeed_a_sweep_records_its_rows_and_runs_the_rest(tmp_path, monkeypatch):
+    """The GPU image has no DeepSpeed: Table 2's ZeRO rows are recorded not_implemented with the reason, and the
+    sweep goes on (counted here, to stay quick)."""
+    from suite.core.experiment import get_experiment
+    from suite.sweep import sweep
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real(n, *a))
+    monkeypatch.setenv("SUITE_MACHINE", "counter")
+    exp = get_experiment("table2")
+    rows = ["baseline-fp32", "peer-zero-offload-fp32"]
+    records = sweep(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, measure="count")
+    by_row = {r["row"]: r for r in records}
+    assert by_row["baseline-fp32"]["status"] == "ok"
+    zero = by_row["peer-zero-offload-fp32"]
+    assert zero["status"] == "not_implemented" and zero["error"].startswith("unavailable here: DeepSpeed is not")
 
 
 def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_path, monkeypatch):
@@ -153,7 +171,8 @@ def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_p
     # without offload in a count, FSDP2 at one rank holds what grad_accum holds: past the 10 MiB cap at 64 samples
     assert by_row["peer-fsdp-x1"]["status"] == "oom", by_row["peer-fsdp-x1"].get("error", "")[-2000:]
     zero = by_row["peer-zero-infinity-x1"]
-    assert zero["status"] == "not_implemented" and zero["error"].startswith("not counted: DeepSpeed's engine")
+    why = "not counted: DeepSpeed's engine" if HAS_DEEPSPEED else "unavailable here: DeepSpeed is not installed"
+    assert zero["status"] == "not_implemented" and zero["error"].startswith(why)
 
 
 def test_fsdp_in_bf16_trains_as_l2l_cmp_does():
