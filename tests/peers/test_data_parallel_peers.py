@@ -48,6 +48,7 @@ def test_peers_are_registered_as_data_parallel():
         assert lib in cls.peer and cls.shards_batch and cls.dist_check_module == "methods.peers.dist_check"
 
 
+@pytest.mark.slow  # make test-slow; the default run checks every peer once
 def test_fsdp_on_one_rank_matches_grad_accum_bitwise_with_adamw():
     proc = _one_rank("fsdp-offload", "optimizer=adamw")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -70,6 +71,7 @@ def test_zero_offload_on_one_rank_matches_grad_accum_bitwise_with_lamb():
     assert _largest(proc.stdout, "deepspeed-offload") == 0.0
 
 
+@pytest.mark.slow  # make test-slow; the default run checks every peer once
 @needs_deepspeed
 def test_zero_3_on_one_rank_with_lamb_within_the_bound():
     """The combination Tables 2 and 5 run: stage 3, parameters offloaded, the suite's LAMB per tensor."""
@@ -175,6 +177,7 @@ def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_p
     assert zero["status"] == "not_implemented" and zero["error"].startswith(why)
 
 
+@pytest.mark.slow  # make test-slow; the default run checks every peer once
 def test_fsdp_in_bf16_trains_as_l2l_cmp_does():
     """16-bit weights in the compute over FP32 shards, gradients reduced in FP32: CMP's arithmetic, so the same
     distance from FP32 grad_accum as l2l-cmp's, inside the 16-bit bound."""
@@ -186,6 +189,7 @@ def test_fsdp_in_bf16_trains_as_l2l_cmp_does():
     assert got["fsdp-offload"] <= 0.5 and got["fsdp-offload"] == pytest.approx(got["l2l-cmp"], rel=0.05), got
 
 
+@pytest.mark.slow  # make test-slow; the default run checks every peer once
 def test_fsdp_in_fp16_scales_its_loss_and_stays_within_the_bound():
     proc = _one_rank("fsdp-offload", "precision=fp16")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -85,6 +85,7 @@ def test_bad_configurations_fail_in_one_line_before_launch(name, sets, needle):
         cls.check_config(run)
 
 
+@pytest.mark.slow  # make test-slow; the default run checks every schedule once
 def test_clipping_across_ranks_under_a_schedule():
     """The squared norms of both ranks' stages summed before the clip, under a warm-up then decay."""
     extra = ["clip_grad_norm=0.1", "schedule=linear", "warmup_steps=1", "total_steps=3"]
@@ -93,6 +94,7 @@ def test_clipping_across_ranks_under_a_schedule():
     assert "2 of 2 passed" in proc.stdout
 
 
+@pytest.mark.slow  # make test-slow; the default run checks every schedule once
 def test_recompute_keeps_the_bits():
     """Every block checkpointed (keyed dropout masks): the zero-bubble split of the backward as well."""
     peers = ["torch-1f1b", "torch-zero-bubble"]
