@@ -8,9 +8,9 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from methods.peers.group import join
+from methods.peers.layers import Layers
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
@@ -18,19 +18,6 @@ from suite.harness.device import scalar
 from suite.harness.optim import Lamb, lr_at, no_decay
 
 INSTALL = "DS_BUILD_OPS=0 pip install -e '.[peers]' (DeepSpeed 0.19.8; its CPU ops build just in time)"
-
-
-class _Layers(nn.Module):
-    """The layered model as the module DeepSpeed wraps: its layers only (through the HF model the head's pieces
-    would appear twice), the forward of one micro-batch's context."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.layers = model.layers
-        self.forward_micro_batch = model.forward_micro_batch  # a bound method: the model is not a submodule
-
-    def forward(self, ctx):
-        return self.forward_micro_batch(ctx)
 
 
 class DeepSpeedOffload(Method):
@@ -130,7 +117,7 @@ class DeepSpeedOffload(Method):
             else:
                 opt = torch.optim.AdamW(groups, fused=True, **hyper)  # its tensors are on the host, offloaded
         self.engine, self.opt, _, _ = deepspeed.initialize(
-            model=_Layers(model), optimizer=opt, config=self.config(), dist_init_required=False
+            model=Layers(model), optimizer=opt, config=self.config(), dist_init_required=False
         )
         self.step_count = 0
 

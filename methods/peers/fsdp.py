@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from methods.peers.group import join
+from methods.peers.layers import Layers
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
 from suite.harness.device import DTYPES, flag, is_fake, place, scalar
 from suite.harness.loss_scale import DynamicLossScaler
 from suite.harness.optim import LayerwiseOptimizer
-
-
-class _Whole(nn.Module):
-    """The layered model behind one root module, so that FSDP2's root hooks run once per micro-batch around the
-    layers' own (each layer is called as a module, so its unshard and reduce-scatter hooks fire). It registers the
-    layers alone: through the HF model the root would meet the head's pieces outside their sharded unit."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.layers = model.layers
-        self.forward_micro_batch = model.forward_micro_batch  # a bound method: the model is not a submodule
-
-    def forward(self, ctx):
-        return self.forward_micro_batch(ctx)
 
 
 @register("fsdp-offload")
@@ -75,7 +61,7 @@ class FSDPOffload(Method):
         kw = dict(mesh=mesh, offload_policy=policy, mp_policy=mp, reshard_after_forward=self.opts["reshard"] == "on")
         for layer in model.layers:
             fully_shard(layer, **kw)
-        self.root = fully_shard(_Whole(model), **kw)
+        self.root = fully_shard(Layers(model), **kw)
         for unit in [self.root, *model.layers]:
             # Sums, as grad_accum's: each rank's loss is already its share of the global minibatch. (Gloo has no
             # PREMUL_SUM, which a divide factor would otherwise take.)

@@ -48,6 +48,14 @@ def run_cell(cell: Cell, timeout: float | None = None) -> dict:
     return record or failure
 
 
+def _not_run(cls, measure: str) -> str | None:
+    """Why a registered method's cell is recorded without running: its library missing here, or a count it
+    cannot take."""
+    if (why := cls.unavailable()) is not None:
+        return f"unavailable here: {why}"
+    return f"not counted: {cls.uncounted}" if measure == "count" and cls.uncounted else None
+
+
 def launch(
     payload: dict, world: int, timeout: float, nodes: Nodes | None = None, rdzv_id: str | None = None
 ) -> tuple[dict | None, dict]:
@@ -250,13 +258,8 @@ def run_cells(
             error = f"method {cell.row.method!r} is not registered yet"
             record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}
             records[cell.key] = _finish(record, cell, exp, profile, variant, fp, sweep_id, results_dir)
-        elif registry.get(cell.run.method).unavailable() is not None:
-            error = f"unavailable here: {registry.get(cell.run.method).unavailable()}"
-            record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}
-            records[cell.key] = _finish(record, cell, exp, profile, variant, fp, sweep_id, results_dir)
-        elif measure == "count" and registry.get(cell.run.method).uncounted:
-            error = f"not counted: {registry.get(cell.run.method).uncounted}"
-            record = {"status": "not_implemented", "metrics": {}, "error": error, "provenance": None}
+        elif (why := _not_run(registry.get(cell.run.method), measure)) is not None:
+            record = {"status": "not_implemented", "metrics": {}, "error": why, "provenance": None}
             records[cell.key] = _finish(record, cell, exp, profile, variant, fp, sweep_id, results_dir)
         else:
             todo.append(cell)
