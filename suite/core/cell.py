@@ -236,7 +236,19 @@ def main(argv: list[str]) -> int:
             json.dump(record, f, default=str)
         os.replace(tmp, argv[1])
     # A failed rank must exit non-zero, or torchrun leaves its peers waiting until their timeouts.
-    return 1 if record["status"] != "ok" and int(os.environ.get("WORLD_SIZE", 1)) > 1 else 0
+    if record["status"] != "ok" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        return 1
+    _leave_group()
+    return 0
+
+
+def _leave_group() -> None:
+    """Leave a real process group together: a gloo rank torn down before its peer can abort at exit (torch 2.11)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() != "fake":
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
