@@ -48,6 +48,16 @@ def rows(profile: str) -> list[Row]:
     for u in UBATCHES:
         labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA", "peer": "torch FSDP2"}
         out.append(l2l_row(f"peer-fsdp-u{u}", "fsdp-offload", {"num_micro_batches": u}, labels))
+    # Peer: ZeRO-Offload under DeepSpeed's torch_autocast (FP32 weights on the device, optimizer on the host, bf16
+    # compute: AMP's arithmetic). bf16 on every profile: ZeRO gives torch_autocast no fp16 loss scaler.
+    for u in UBATCHES:
+        peer = "DeepSpeed ZeRO-Offload (bf16 autocast)"
+        labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA", "peer": peer}
+        out.append(
+            l2l_row(
+                f"peer-zero-offload-u{u}", "deepspeed-offload", {"num_micro_batches": u, "precision": "bf16"}, labels
+            )
+        )
     return out
 
 

@@ -304,3 +304,5 @@ def test_presentation_units_paper_values_and_reasons():
     tb = "Traceback (most recent call last):\n  File x\ntorch.OutOfMemoryError: CPU live-bytes tracker: 9 bytes\n"
     assert reason({"status": "oom", "error": tb}) == "torch.OutOfMemoryError: CPU live-bytes tracker: 9 bytes"
     assert reason({"status": "timeout", "error": "====\nrank 0 waiting\n"}) == "timeout"
+    why = "not counted: DeepSpeed's engine builds flat buffers"
+    assert reason({"status": "not_implemented", "error": why}) == why  # recorded without running: its one line

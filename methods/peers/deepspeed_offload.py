@@ -27,7 +27,10 @@ class DeepSpeedOffload(Method):
     stage: ClassVar[int] = 2
     peer = "DeepSpeed ZeRO"
     uncounted = "DeepSpeed's engine builds flat buffers and runs its own C++ ops, for which fake tensors cannot stand"
-    precisions = ("fp32",)
+    # bf16 through DeepSpeed's `torch_autocast` (FP32 weights, bf16 compute under torch.autocast: the suite's AMP);
+    # its `bf16` section computes in bf16 throughout (LayerNorm and softmax too), a different method. No fp16: ZeRO
+    # gives torch_autocast no loss scaler.
+    precisions = ("fp32", "bf16")
     shards_batch = True
     dist_check_module = "methods.peers.dist_check"
     steady_after = 1
@@ -83,6 +86,7 @@ class DeepSpeedOffload(Method):
             "zero_optimization": zero,
             "zero_force_ds_cpu_optimizer": False,  # torch's AdamW and the suite's LAMB are client optimizers
             "zero_allow_untested_optimizer": True,  # LAMB: per-tensor groups, one rank (check_config)
+            "torch_autocast": {"enabled": run.precision == "bf16", "dtype": "bfloat16"},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }

@@ -167,6 +167,8 @@ def reason(rec: dict) -> str:
     """One line on why a cell did not end `ok`: the exception's own line, else its status."""
     lines = [x.strip() for x in (rec.get("error") or "").strip().splitlines() if x.strip()]
     hits = [x for x in lines if _EXCEPTION_LINE.match(x)]
+    if not hits and rec["status"] == "not_implemented" and lines:
+        hits = lines[:1]  # recorded without running: the error is the reason, one line, no traceback
     return (hits[-1] if hits else rec["status"])[:200]
 
 
@@ -246,7 +248,13 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
         if not rec:
             md.append(f"- `{cell.row.name}`: not run")
             continue
-        p = rec.get("provenance") or {}
+        p = rec.get("provenance")
+        if p is None:  # never started (not implemented, unavailable here): the machine it was recorded on
+            md.append(
+                f"- `{cell.row.name}` [{rec['status']}]: on {(rec.get('machine') or {}).get('slug', '?')}, "
+                f"finished {rec.get('finished', '?')}, run `{rec.get('key')}` — {reason(rec)}"
+            )
+            continue
         desc = (
             f"- `{cell.row.name}` [{rec['status']}]: {p.get('device', '?')}, torch {p.get('torch', '?')}, "
             f"transformers {p.get('transformers', '?')}, commit {str(p.get('commit') or '?')[:10]}"

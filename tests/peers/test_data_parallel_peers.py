@@ -29,10 +29,10 @@ def _largest(out: str, name: str) -> float:
     return float(m.group(2))
 
 
-def _one_rank(name: str, *sets: str) -> subprocess.CompletedProcess:
+def _one_rank(name: str, *sets: str, against: str = "grad_accum") -> subprocess.CompletedProcess:
     """`suite check` in a process of its own: the peer joins a process group, which must not outlive the test."""
     args = [x for s in [*TINY, "num_micro_batches=4", *sets] for x in ("--set", s)]
-    cmd = [sys.executable, "-m", "suite", "check", name, "--steps", "3", *args]
+    cmd = [sys.executable, "-m", "suite", "check", name, "--against", against, "--steps", "3", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT)
 
 
@@ -67,6 +67,15 @@ def test_fsdp_with_lamb_on_two_ranks_within_the_bound():
 def test_zero_offload_on_one_rank_matches_grad_accum_bitwise_with_lamb():
     """One group per tensor, so ZeRO's flat groups are whole tensors and the suite's fused LAMB steps them."""
     proc = _one_rank("deepspeed-offload")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert _largest(proc.stdout, "deepspeed-offload") == 0.0
+
+
+@needs_deepspeed
+def test_zero_offload_in_bf16_is_amp_on_one_rank():
+    """DeepSpeed's `torch_autocast` keeps FP32 weights and computes under bf16 autocast, as the suite's AMP does:
+    on one rank, with LAMB per tensor, the same weights bit for bit."""
+    proc = _one_rank("deepspeed-offload", "precision=bf16", against="amp")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert _largest(proc.stdout, "deepspeed-offload") == 0.0
 
