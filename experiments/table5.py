@@ -174,6 +174,10 @@ EXPERIMENT = Experiment(
         f"At `paper` 384 layers are {fmt_count(_PAPER_384)} parameters: about "
         f"{l2l_host_bytes(_PAPER_384) / 1e9:.0f} GB of host memory for the param server plus "
         f"{_PAPER_384_STASH / 2**30:.0f} GiB for the host stash, so a machine with less records those cells as "
-        "`oom` (the host's). Figure: figures/table5_memory_vs_depth.png."
+        "`oom` (the host's). Peer rows at `tiny`: on a CPU the tracker counts every allocation of the step, the "
+        "host-side ones included (DeepSpeed's gradient partitions and offloaded copies, FSDP2's unsharded "
+        "gradients), while L2L's host side works mostly in buffers it allocated before the step; a peer's `oom` "
+        "there mixes host with device memory, and its offload is measured by a GPU run. "
+        "Figure: figures/table5_memory_vs_depth.png."
     ),
 )
