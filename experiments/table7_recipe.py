@@ -9,6 +9,9 @@ from suite.tasks.glue import TASKS
 RATES = (2e-5, 5e-5, 1e-4)  # AdamW's usual range for a small pretrained BERT
 TASKS_CHOSEN_ON = ("mrpc", "rte", "stsb", "cola")  # the small tasks with a train file; QNLI has none here
 HOLDOUT = "holdout:0.2"
+# Epoch counts past the recipe's, at its rate, for the task whose dev score stays under the issue's bar (RTE, 2,490
+# training pairs): chosen on the held-out fifth like the rate, never on dev.
+EPOCHS = {"rte": (6, 10)}
 
 
 def rows(profile: str):
@@ -23,13 +26,18 @@ def rows(profile: str):
                 "model.num_labels": TASKS[task].num_labels,
                 "lr": lr,
             }
-            labels = {"task": TASKS[task].folder, "lr": f"{lr:g}", "metric": table7.METRIC_LABEL.get(task, "accuracy")}
-            out.append(
-                table7.TaskRow(
-                    f"{task}-lr{lr:g}", "grad_accum", overrides, labels, {}, task=task, data={"split": HOLDOUT}
-                )
-            )
+            out.append(_row(task, lr, overrides, table7.RECIPE[profile]["epochs"], f"{task}-lr{lr:g}"))
+        for epochs in EPOCHS.get(task, ()):
+            lr = table7.RECIPE[profile]["lr"]
+            overrides = {**overrides, "lr": lr}
+            out.append(_row(task, lr, overrides, epochs, f"{task}-lr{lr:g}-ep{epochs}", {"epochs": epochs}))
     return out
+
+
+def _row(task: str, lr: float, overrides: dict, epochs: int, name: str, data: dict | None = None):
+    metric = table7.METRIC_LABEL.get(task, "accuracy")
+    labels = {"task": TASKS[task].folder, "lr": f"{lr:g}", "epochs": epochs, "metric": metric}
+    return table7.TaskRow(name, "grad_accum", overrides, labels, {}, task=task, data={"split": HOLDOUT, **(data or {})})
 
 
 EXPERIMENT = table7.FinetuneExperiment(
@@ -41,7 +49,7 @@ EXPERIMENT = table7.FinetuneExperiment(
         Metric("best_score", "best held-out (%)", ratio=False),
         Metric("best_step", "best step", "{:.0f}", ratio=False),
     ],
-    label_columns=["task", "lr", "metric"],
+    label_columns=["task", "lr", "epochs", "metric"],
     baseline="mrpc-lr5e-05",
     rows=rows,
     base=table7.base,
@@ -51,6 +59,7 @@ EXPERIMENT = table7.FinetuneExperiment(
     notes=(
         "Every row trains the FP32 baseline (grad_accum) with Table 7's `small` recipe at one learning rate, on a "
         "seeded 80% of the task's train split, and scores the other 20% (the `held-out` columns): dev is never "
-        "read. The rate with the best held-out scores across the tasks becomes table7.RECIPE['small']['lr']."
+        "read. The rate with the best held-out scores across the tasks becomes table7.RECIPE['small']['lr']; the "
+        "`-ep` rows train RTE longer at that rate, for its epoch count."
     ),
 )
