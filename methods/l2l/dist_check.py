@@ -23,7 +23,7 @@ from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
 from suite.harness.data import synthetic_batches
-from suite.harness.device import resolve_device
+from suite.harness.device import leave_group, resolve_device
 
 
 def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and result.passed
     verdict = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
     dist.all_reduce(verdict)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group()
     return int(verdict.item() != 0)
 
 

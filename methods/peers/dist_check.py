@@ -24,7 +24,7 @@ from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
 from suite.harness.data import synthetic_batches
-from suite.harness.device import resolve_device
+from suite.harness.device import leave_group, resolve_device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", 0)) == 0 and len(args.method) > 1:
         tail = f"; FAILED: {failed}" if failed else ""
         print(f"{len(args.method) - len(failed)} of {len(args.method)} passed{tail}")
-    dist.barrier()  # under torch 2.11 a rank that tears down gloo before its peer can abort at exit (SIGABRT)
-    dist.destroy_process_group()
+    leave_group()
     return int(bool(failed))
 
 

@@ -238,17 +238,10 @@ def main(argv: list[str]) -> int:
     # A failed rank must exit non-zero, or torchrun leaves its peers waiting until their timeouts.
     if record["status"] != "ok" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return 1
-    _leave_group()
+    from suite.harness.device import leave_group
+
+    leave_group()
     return 0
-
-
-def _leave_group() -> None:
-    """Leave a real process group together: a gloo rank torn down before its peer can abort at exit (torch 2.11)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_backend() != "fake":
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -71,3 +71,13 @@ def place(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     if all(t.device == torch.device(device) for t in [*module.parameters(), *module.buffers()]):
         return module
     return module.to(device)
+
+
+def leave_group() -> None:
+    """Leave a real default process group together: under torch 2.11 a gloo rank torn down before its peer can
+    abort at exit (SIGABRT) after its work passed. No-op without a group, or with a count's fake one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() != "fake":
+        dist.barrier()
+        dist.destroy_process_group()

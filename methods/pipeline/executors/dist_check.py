@@ -26,7 +26,7 @@ from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
 from suite.harness.data import synthetic_batches
-from suite.harness.device import resolve_device
+from suite.harness.device import leave_group, resolve_device
 
 
 def _inject(fault: str) -> None:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = result.passed and stash_ok and identical
     verdict = torch.tensor([0.0 if ok else 1.0], device=device)
     dist.all_reduce(verdict)
-    dist.destroy_process_group()
+    leave_group()
     return int(verdict.item() != 0)
 
 
