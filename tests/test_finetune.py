@@ -154,12 +154,14 @@ def test_options_and_labels_are_checked():
 
 
 @pytest.mark.skipif(not registry.is_registered("l2l"), reason="the l2l method is not registered")
-def test_fp32_l2l_fine_tunes_to_the_baselines_weights():
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_fp32_l2l_fine_tunes_to_the_baselines_weights(pooling):
     """The paper's claim, at test scale: same seed, same batches, keyed dropout -> equal up to rounding."""
     pytest.importorskip("datasets")
     ends = []
     for method, mb, n in (("grad_accum", 2, 4), ("l2l", 8, 1)):
         run = dataclasses.replace(tiny_run("rte", FIXTURES, method), micro_batch_size=mb, num_micro_batches=n)
+        run = dataclasses.replace(run, model=dataclasses.replace(run.model, pooling=pooling))
         res = finetune(run, FinetuneOptions.from_run(run), torch.device("cpu"), log=QUIET)
         ends.append(res)
     a, b = (r.final_state for r in ends)

@@ -29,6 +29,36 @@ def test_layered_forward_matches_huggingface(padded, attn):
     torch.testing.assert_close(loss, ref.loss, rtol=1e-5, atol=1e-6)
 
 
+def test_mean_pooling_reads_the_mean_of_the_unpadded_tokens():
+    model = build_model(ModelConfig(pooling="mean"), seed=0)
+    model.eval()
+    batch = synthetic_batch(0, 4, 16, 1024, 2, seed=0, padded=True)
+    assert not batch.attention_mask.all()  # some samples are padded
+    ctx = model.begin(batch, seed=0, step=0, denom=batch.size)
+    model.forward_micro_batch(ctx)
+    plain = plain_copy(model, "sdpa")
+    with torch.no_grad():
+        hidden = plain.bert(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, token_type_ids=batch.token_type_ids
+        ).last_hidden_state
+        m = batch.attention_mask.float().unsqueeze(-1)
+        mean = (hidden * m).sum(1) / m.sum(1)
+        head = model.layers[-1]
+        ref = head.classifier(head.pooler.activation(head.pooler.dense(mean)))
+    torch.testing.assert_close(ctx.logits, ref, rtol=1e-5, atol=1e-6)
+    cls = build_model(ModelConfig(), seed=0).eval()
+    ctx_cls = cls.begin(batch, seed=0, step=0, denom=batch.size)
+    cls.forward_micro_batch(ctx_cls)
+    assert not torch.allclose(ctx_cls.logits, ctx.logits)  # same weights, another input to the pooler
+
+
+def test_the_default_pooling_leaves_a_configs_key_as_it_was():
+    """Records made before `model.pooling` existed keep matching their cells; "mean" is a new key."""
+    assert "pooling" not in RunConfig().to_dict()["model"]
+    assert RunConfig(model=ModelConfig(pooling="mean")).to_dict()["model"]["pooling"] == "mean"
+    assert RunConfig.from_dict(RunConfig().to_dict()) == RunConfig()
+
+
 def test_bert_large_preset_is_the_papers_table_1():
     cfg = ModelConfig(preset="bert-large").resolved()
     assert (cfg.layers, cfg.hidden, cfg.intermediate, cfg.heads, cfg.max_seq) == (24, 1024, 4096, 16, 512)
@@ -53,3 +83,7 @@ def test_bad_model_config_errors_name_the_choices():
         ModelConfig(hidden=30, heads=4).resolved()
     with pytest.raises(ConfigError, match="max_seq"):
         RunConfig(seq_len=4096).validate()
+    with pytest.raises(ConfigError, match=r"model.pooling='max' is not one of \['cls', 'mean'\]"):
+        ModelConfig(pooling="max").resolved()
+    with pytest.raises(ConfigError, match="family='bert' only"):
+        ModelConfig(family="gpt2", pooling="mean").resolved()

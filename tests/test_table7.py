@@ -1,5 +1,6 @@
 """Table 7 and Figure 4: rows and paper values, a tiny sweep through the runner, the equivalence report."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def test_the_recipe_is_chosen_on_held_out_train_never_dev(results_env, monkeypat
     cells = table7_recipe.EXPERIMENT.cells("small")
     assert {c.run.options["split"] for c in cells} == {"holdout:0.2"}
     assert {c.run.lr for c in cells} == set(table7_recipe.RATES) and {c.run.method for c in cells} == {"grad_accum"}
+    # the pooling row differs from RTE's 256-token row in its pooler's input alone
+    by_name = {c.row.name: c for c in cells}
+    mean, cls = by_name["rte-lr0.0001-seq256-mean"], by_name["rte-lr0.0001-seq256"]
+    assert (mean.run.model.pooling, cls.run.model.pooling, mean.row.labels["pooling"]) == ("mean", "cls", "mean")
+    assert dataclasses.replace(mean.run, model=cls.run.model) == cls.run
 
 
 def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):

@@ -16,6 +16,7 @@ OPTIMIZERS = ("lamb", "adamw")
 SCHEDULES = ("constant", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 FAMILIES = ("bert", "bert-mlm", "gpt2")  # suite.harness.families.FAMILIES holds their implementations
+POOLINGS = ("cls", "mean")  # what BERT's pooler reads (ModelConfig.pooling)
 
 # Model presets. `bert-large` is exactly the L2L paper's Table 1.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -44,6 +45,9 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     pretrained: str | None = None
+    # What BERT's pooler reads: "cls" (the [CLS] token, BertForSequenceClassification's) or "mean" (the mean of
+    # the unpadded tokens, a sentence-transformers checkpoint's own pooling).
+    pooling: str = "cls"
 
     def resolved(self) -> "ModelConfig":
         """Fill every size from the preset; explicit values win."""
@@ -60,6 +64,10 @@ class ModelConfig:
         for k in ("layers", "hidden", "intermediate", "heads", "max_seq", "vocab_size", "num_labels"):
             if getattr(out, k) < 1:
                 raise ConfigError(f"model.{k} must be >= 1, got {getattr(out, k)}")
+        if out.pooling not in POOLINGS:
+            raise ConfigError(f"model.pooling={out.pooling!r} is not one of {list(POOLINGS)}")
+        if out.pooling != "cls" and out.family != "bert":
+            raise ConfigError(f"model.pooling={out.pooling!r} applies to model.family='bert' only, not {out.family!r}")
         for k in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(out, k) < 1.0:
                 raise ConfigError(f"model.{k} must be in [0, 1), got {getattr(out, k)}")
@@ -125,7 +133,10 @@ class RunConfig:
         return dataclasses.replace(self, model=model)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["model"]["pooling"] == "cls":  # the default stays out, so cells keyed before it existed keep their keys
+            del d["model"]["pooling"]
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "RunConfig":

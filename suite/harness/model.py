@@ -65,7 +65,7 @@ class LayeredModel(nn.Module):
         self.hf = hf
         self.cfg = cfg
         self.family = family
-        self.layers = nn.ModuleList(family.split(hf))
+        self.layers = nn.ModuleList(family.split(hf, cfg))
 
     @property
     def num_layers(self) -> int:
@@ -96,7 +96,7 @@ class LayeredModel(nn.Module):
             if index == 0:
                 return self.family.embed(module, ctx)
             if index == self.num_layers - 1:
-                loss, logits = module(x, ctx.mb.labels, ctx.denom)
+                loss, logits = self.family.head(module, x, ctx)
                 ctx.logits = logits.detach()
                 return loss
             return self.family.block(module, x, ctx)

@@ -362,6 +362,7 @@ def recipe(run: RunConfig, opts: FinetuneOptions) -> dict:
         "micro_batch": run.micro_batch_size,
         "precision": run.precision,
         "max_len": run.seq_len,
+        "pooling": run.model.pooling,
         "padding": "to the longest sample of each batch",
         "clip_grad_norm": run.clip_grad_norm,
         "split": opts.split,

@@ -11,20 +11,33 @@ from suite.harness.device import flag
 class BertHead(nn.Module):
     """Pooler + dropout + classifier + loss of BertForSequenceClassification, as one layer."""
 
-    def __init__(self, hf):
+    def __init__(self, hf, pooling: str = "cls"):
         super().__init__()
         self.pooler = hf.bert.pooler
         self.dropout = hf.dropout
         self.classifier = hf.classifier
         self.num_labels = hf.config.num_labels
+        self.pooling = pooling
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int):
-        logits = self.classifier(self.dropout(self.pooler(hidden)))
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int, attention_mask=None):
+        if self.pooling == "mean":  # what the pooler's dense layer reads: the tokens' mean, not [CLS]
+            pooled = self.pooler.activation(self.pooler.dense(masked_mean(hidden, attention_mask)))
+        else:
+            pooled = self.pooler(hidden)
+        logits = self.classifier(self.dropout(pooled))
         if self.num_labels == 1:  # regression (STS-B)
             loss = torch.nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
         else:
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
         return loss / denom, logits
+
+
+def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over each sample's unpadded tokens (B, S, H) -> (B, H), summed in FP32."""
+    if attention_mask is None:
+        return hidden.float().mean(1).to(hidden.dtype)
+    m = attention_mask.to(torch.float32).unsqueeze(-1)
+    return ((hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)).to(hidden.dtype)
 
 
 class BertFamily:
@@ -59,8 +72,8 @@ class BertFamily:
         hf.config.problem_type = "regression" if cfg.num_labels == 1 else "single_label_classification"
         return hf
 
-    def split(self, hf) -> list[nn.Module]:
-        return [hf.bert.embeddings, *hf.bert.encoder.layer, BertHead(hf)]
+    def split(self, hf, cfg) -> list[nn.Module]:
+        return [hf.bert.embeddings, *hf.bert.encoder.layer, BertHead(hf, cfg.pooling)]
 
     def mask(self, mb) -> torch.Tensor | None:
         """Boolean (B, 1, 1, S) mask, True = attend; None when nothing is padded (the fast path)."""
@@ -74,6 +87,10 @@ class BertFamily:
     def block(self, module, x, ctx) -> torch.Tensor:
         out = module(x, attention_mask=ctx.mask)
         return out[0] if isinstance(out, tuple) else out  # transformers 4.x returns a tuple, 5.x a tensor
+
+    def head(self, module, x, ctx):
+        """(loss share, logits); mean pooling needs the padding mask."""
+        return module(x, ctx.mb.labels, ctx.denom, ctx.mb.attention_mask)
 
     def gradient_free(self, hf) -> set[str]:
         """Key biases: a key bias shifts every score of a query equally and softmax ignores that."""

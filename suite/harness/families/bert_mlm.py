@@ -57,5 +57,8 @@ class BertMLMFamily(BertFamily):
             raise ValueError("BERT's MLM decoder shares the word embeddings; the layered view needs them untied")
         return hf
 
-    def split(self, hf) -> list[nn.Module]:
+    def split(self, hf, cfg) -> list[nn.Module]:
         return [hf.bert.embeddings, *hf.bert.encoder.layer, MLMHead(hf)]
+
+    def head(self, module, x, ctx):
+        return module(x, ctx.mb.labels, ctx.denom)

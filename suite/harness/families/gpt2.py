@@ -68,7 +68,7 @@ class GPT2Family:
             raise ValueError("GPT-2's LM head shares the input embedding; the layered view needs them untied")
         return hf
 
-    def split(self, hf) -> list[nn.Module]:
+    def split(self, hf, cfg) -> list[nn.Module]:
         return [GPT2Embed(hf), *hf.transformer.h, GPT2Head(hf)]
 
     def mask(self, mb) -> torch.Tensor:
@@ -86,6 +86,9 @@ class GPT2Family:
     def block(self, module, x, ctx) -> torch.Tensor:
         out = module(x, attention_mask=ctx.mask)
         return out[0] if isinstance(out, tuple) else out
+
+    def head(self, module, x, ctx):
+        return module(x, ctx.mb.labels, ctx.denom)
 
     def gradient_free(self, hf) -> set[str]:
         """None as whole tensors: the key bias is the middle third of the fused c_attn.bias, whose query
