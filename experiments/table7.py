@@ -142,6 +142,11 @@ def _task_label(profile: str, task: str) -> str:
     return TASKS[task].folder
 
 
+def seq_len(profile: str, task: str) -> int:
+    """Tokens per pair of a task's rows at a profile: its SEQ_LEN, else the profile's cap."""
+    return SEQ_LEN.get(profile, {}).get(task, base(profile)["seq_len"])
+
+
 def rows(profile: str) -> list[Row]:
     per_device, micro = SHAPES[profile]
     half = "fp16" if torch.cuda.is_available() else "bf16"  # CPU autocast runs bf16
@@ -155,7 +160,7 @@ def rows(profile: str) -> list[Row]:
     out = []
     for task in PAPER_TASKS:
         skip = _skip(profile, task)
-        tokens = SEQ_LEN.get(profile, {}).get(task, base(profile)["seq_len"])
+        tokens = seq_len(profile, task)
         for name, method, label, precision, mb, offset in variants:
             seed = RunConfig.seed + offset
             overrides = {

@@ -26,30 +26,27 @@ POOLINGS = {"small": {"rte": ("mean",)}}
 
 def rows(profile: str):
     per_device, micro = table7.SHAPES[profile]
+    lr, epochs = table7.RECIPE[profile]["lr"], table7.RECIPE[profile]["epochs"]
     out = []
     for task in TASKS_CHOSEN_ON:
-        for lr in RATES:
-            overrides = {
-                "precision": "fp32",
-                "micro_batch_size": micro,
-                "num_micro_batches": per_device // micro,
-                "model.num_labels": TASKS[task].num_labels,
-                "lr": lr,
-            }
-            out.append(_row(profile, task, lr, overrides, table7.RECIPE[profile]["epochs"], f"{task}-lr{lr:g}"))
-        for epochs in EPOCHS.get(task, ()):
-            lr = table7.RECIPE[profile]["lr"]
-            overrides = {**overrides, "lr": lr}
-            out.append(_row(profile, task, lr, overrides, epochs, f"{task}-lr{lr:g}-ep{epochs}", {"epochs": epochs}))
-        for seq_len in SEQ_LENS.get(profile, {}).get(task, ()):
-            lr, epochs = table7.RECIPE[profile]["lr"], table7.RECIPE[profile]["epochs"]
-            overrides = {**overrides, "lr": lr, "seq_len": seq_len}
-            out.append(_row(profile, task, lr, overrides, epochs, f"{task}-lr{lr:g}-seq{seq_len}"))
+        common = {
+            "precision": "fp32",
+            "micro_batch_size": micro,
+            "num_micro_batches": per_device // micro,
+            "model.num_labels": TASKS[task].num_labels,
+        }
+        for rate in RATES:
+            out.append(_row(profile, task, rate, {**common, "lr": rate}, epochs, f"{task}-lr{rate:g}"))
+        at_recipe = {**common, "lr": lr}  # the rows below vary one thing at the recipe's rate
+        for n in EPOCHS.get(task, ()):
+            out.append(_row(profile, task, lr, at_recipe, n, f"{task}-lr{lr:g}-ep{n}", {"epochs": n}))
+        for tokens in SEQ_LENS.get(profile, {}).get(task, ()):
+            overrides = {**at_recipe, "seq_len": tokens}
+            out.append(_row(profile, task, lr, overrides, epochs, f"{task}-lr{lr:g}-seq{tokens}"))
         for pooling in POOLINGS.get(profile, {}).get(task, ()):
-            lr, epochs = table7.RECIPE[profile]["lr"], table7.RECIPE[profile]["epochs"]
-            seq_len = table7.SEQ_LEN.get(profile, {}).get(task, table7.base(profile)["seq_len"])
-            overrides = {**overrides, "lr": lr, "seq_len": seq_len, "model.pooling": pooling}
-            out.append(_row(profile, task, lr, overrides, epochs, f"{task}-lr{lr:g}-seq{seq_len}-{pooling}"))
+            tokens = table7.seq_len(profile, task)
+            overrides = {**at_recipe, "seq_len": tokens, "model.pooling": pooling}
+            out.append(_row(profile, task, lr, overrides, epochs, f"{task}-lr{lr:g}-seq{tokens}-{pooling}"))
     return out
 
 

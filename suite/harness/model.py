@@ -96,7 +96,8 @@ class LayeredModel(nn.Module):
             if index == 0:
                 return self.family.embed(module, ctx)
             if index == self.num_layers - 1:
-                loss, logits = self.family.head(module, x, ctx)
+                # every head takes the padding mask (BERT's mean pooling reads it; the LM heads' labels mark padding)
+                loss, logits = module(x, ctx.mb.labels, ctx.denom, ctx.mb.attention_mask)
                 ctx.logits = logits.detach()
                 return loss
             return self.family.block(module, x, ctx)

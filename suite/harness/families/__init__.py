@@ -4,8 +4,7 @@ from suite.harness.families.bert import BertFamily
 from suite.harness.families.bert_mlm import BertMLMFamily
 from suite.harness.families.gpt2 import GPT2Family
 
-# A family is one module with the same seven members (build, split, mask, embed, block, head,
-# gradient_free)
+# A family is one module with the same six members (build, split, mask, embed, block, gradient_free)
 # and an `objective` (classify, mlm, clm) that tells suite.harness.data which labels to make; methods only
 # ever see the LayeredModel, so none of them changes.
 FAMILIES = {"bert": BertFamily(), "bert-mlm": BertMLMFamily(), "gpt2": GPT2Family()}

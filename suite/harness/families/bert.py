@@ -88,10 +88,6 @@ class BertFamily:
         out = module(x, attention_mask=ctx.mask)
         return out[0] if isinstance(out, tuple) else out  # transformers 4.x returns a tuple, 5.x a tensor
 
-    def head(self, module, x, ctx):
-        """(loss share, logits); mean pooling needs the padding mask."""
-        return module(x, ctx.mb.labels, ctx.denom, ctx.mb.attention_mask)
-
     def gradient_free(self, hf) -> set[str]:
         """Key biases: a key bias shifts every score of a query equally and softmax ignores that."""
         return {n for n, _ in hf.named_parameters() if n.endswith("attention.self.key.bias")}

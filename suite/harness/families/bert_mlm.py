@@ -16,8 +16,8 @@ class MLMHead(nn.Module):
         super().__init__()
         self.cls = hf.cls
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int):
-        logits = self.cls(hidden)
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int, attention_mask=None):
+        logits = self.cls(hidden)  # padding needs no mask here: its labels are -100
         return lm_loss(logits, labels, denom), logits
 
 
@@ -59,6 +59,3 @@ class BertMLMFamily(BertFamily):
 
     def split(self, hf, cfg) -> list[nn.Module]:
         return [hf.bert.embeddings, *hf.bert.encoder.layer, MLMHead(hf)]
-
-    def head(self, module, x, ctx):
-        return module(x, ctx.mb.labels, ctx.denom)

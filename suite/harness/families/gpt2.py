@@ -27,8 +27,8 @@ class GPT2Head(nn.Module):
         super().__init__()
         self.ln_f, self.lm_head = hf.transformer.ln_f, hf.lm_head
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int):
-        logits = self.lm_head(self.ln_f(hidden))
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int, attention_mask=None):
+        logits = self.lm_head(self.ln_f(hidden))  # padding needs no mask here: its labels are -100
         return lm_loss(logits[:, :-1], labels[:, 1:], denom), logits
 
 
@@ -86,9 +86,6 @@ class GPT2Family:
     def block(self, module, x, ctx) -> torch.Tensor:
         out = module(x, attention_mask=ctx.mask)
         return out[0] if isinstance(out, tuple) else out
-
-    def head(self, module, x, ctx):
-        return module(x, ctx.mb.labels, ctx.denom)
 
     def gradient_free(self, hf) -> set[str]:
         """None as whole tensors: the key bias is the middle third of the fused c_attn.bias, whose query
