@@ -1,4 +1,4 @@
-"""Command line: `python -m suite list | run EXPERIMENT | check METHOD | plan`."""
+"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | check METHOD | plan`."""
 
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ def _run(args) -> int:
     )
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
     return 1 if bad and args.strict else 0
+
+
+def _render(args) -> int:
+    from suite.core.experiment import all_experiments, get_experiment
+    from suite.sweep import render
+
+    names = args.experiments or sorted(all_experiments())
+    for exp in [get_experiment(n) for n in names]:  # every name checked before anything is written
+        render(exp)
+    return 0
 
 
 def _check(args) -> int:
@@ -221,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _node_options(r, node_rank=True)
     r.set_defaults(fn=_run)
+    rd = sub.add_parser("render", help="rewrite tables and figures from the records alone (nothing runs)")
+    rd.add_argument("experiments", nargs="*", metavar="EXPERIMENT", help="experiment names (default: every one)")
+    rd.set_defaults(fn=_render)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
     c.add_argument("method", help="a registered method (python -m suite list)")
     c.add_argument(

@@ -49,14 +49,22 @@ def sweep(
     )
     if nodes is not None and nodes.multi and nodes.node_rank:
         return []  # node 0 writes the tables
-    md_path, csv_path = tables.write_tables(exp, results_dir)
-    progress(f"wrote {md_path} and {csv_path}")
-    if exp.figure is not None:
-        for path in exp.figure(exp, results_dir):
-            progress(f"wrote {path}")
+    render(exp, results_dir, progress)
     cols, rows = tables.table_rows(exp, cells, records)
     try:
         tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=tracking.resolve_mode(wandb_mode))
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records
+
+
+def render(exp: Experiment, results_dir: Path | None = None, progress=print) -> list[Path]:
+    """Write `exp`'s tables and figure from the records alone (nothing runs); returns the paths written."""
+    results_dir = Path(results_dir or paths.RESULTS_DIR)
+    md_path, csv_path = tables.write_tables(exp, results_dir)
+    progress(f"wrote {md_path} and {csv_path}")
+    written = [md_path, csv_path]
+    for path in exp.figure(exp, results_dir) if exp.figure is not None else []:
+        progress(f"wrote {path}")
+        written.append(Path(path))
+    return written

@@ -30,6 +30,7 @@ def test_list_shows_methods_experiments_profiles(capsys):
         (["run", "table2", "--set", "micro_batch=3"], ["unknown --set key", "micro_batch_size"]),
         (["run", "table2", "--set", "steps=many"], ["steps", "int"]),
         (["run", "table2", "--set", "precision=fp8"], ["precision", "fp32"]),
+        (["render", "tabel2"], ["unknown experiment", "did you mean table2"]),
         (["check", "grad_acum"], ["unknown method", "did you mean grad_accum"]),
         (["check", "amp", "--set", "precision=fp32"], ["precision", "fp16"]),
     ],
@@ -74,3 +75,14 @@ def test_check_command_end_to_end():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASS" in out.stdout and "bert.embeddings.word_embeddings.weight" in out.stdout
+
+
+def test_render_writes_tables_from_records_alone(tmp_path, monkeypatch, capsys):
+    """`render` reads the records and writes the table: nothing runs, and no record means rows 'not run'."""
+    from suite.config import paths
+
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path)
+    assert main(["render", "table4"]) == 0
+    assert (tmp_path / "table4.md").exists() and (tmp_path / "table4.csv").exists()
+    assert not (tmp_path / "runs").exists()  # no cell ran, so no record was written
+    assert "wrote" in capsys.readouterr().out
