@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import methods.pipeline.planner.largest  # noqa: F401  registers the `count-search` cell kind in the cell process
-import methods.pipeline.planner.projection  # noqa: F401  registers the `projected` cell kind in the cell process
 from suite.core.experiment import Experiment, Row
 
 # The paper's GPT models as (blocks, hidden, heads): our assumption, chosen to match the parameter counts

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import methods.pipeline.planner.check  # noqa: F401  registers the `planned` cell kind in the cell process
 from suite.core.experiment import Experiment, Metric, Row
 
 # (row, method, stages d, width w, micro-batch b, micro-batches per replica m, recompute)

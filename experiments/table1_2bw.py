@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 from experiments.table7 import data_dir
 from suite.core.experiment import Experiment, Metric, Row
-from suite.tasks import pretrain  # noqa: F401  registers the `pretrain` cell kind in the cell process
 
 # The paper's Table 1 (355M-parameter BERT, fine-tuned on MNLI and RACE) and its GPT test perplexities.
 PAPER = {

@@ -6,7 +6,7 @@ import torch
 
 from experiments.l2l_common import bert_base, half, l2l_row, skipped
 from experiments.table3 import L2L_OPTIONS, UBATCHES
-from suite.core.cell import cell_kind, throughput_cell
+from suite.core.cell import throughput_cell
 from suite.core.experiment import Experiment, Metric, Row
 from suite.report.plots import ratio_bars
 
@@ -15,7 +15,6 @@ PAPER_N = 4
 _UBATCH = {"paper": 64, "small": 32, "tiny": 16}  # micro-batch per rank
 
 
-@cell_kind("all-ranks-throughput", timed=True)
 def all_ranks_throughput(run, device, cap) -> dict:
     """The throughput cell with samples/s over all ranks: each rank times the same lockstep step
     (layers all-reduce as they finish) but counts only its own shard of the global minibatch."""

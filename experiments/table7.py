@@ -13,7 +13,6 @@ from experiments import figure4, table7_equivalence
 from suite.config.paths import ROOT
 from suite.config.run import RunConfig
 from suite.core.experiment import Experiment, Metric, Row
-from suite.tasks import finetune  # noqa: F401  registers the `finetune` cell kind in the cell process
 from suite.tasks.glue import TASKS
 
 # The paper's Table 7 (BERT-Large, 3 epochs, lr 1e-3), percent; "NA" where it printed NA, and a string

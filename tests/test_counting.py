@@ -120,9 +120,7 @@ def test_methods_steady_from_their_first_step_count_without_a_warm_up():
     slots, param server and stash buffers are all alive at the first step's peak), so a count needs no warm-up
     step (Method.steady_after = 0): the first step's peaks, device and host, are those after one."""
     from suite.core import registry
-    from suite.core.experiment import all_experiments
 
-    all_experiments()
     assert all(registry.get(m).steady_after == 0 for m, *_ in STEADY)
     cases = [case(m, p, o, device=d, warmup=w) for m, p, o, d in STEADY for w in (0, 1)]
     got = [g["counted"] for g in probe(cases)]
@@ -206,9 +204,7 @@ def test_the_counted_stages_hold_the_worst_one(method):
     middle layers); every stage counted, none of the others holds more than the counted one of its kind."""
     from suite.config.run import RunConfig
     from suite.core import registry
-    from suite.core.experiment import all_experiments
 
-    all_experiments()
     c = case(method, "fp32", {"stages": 4, "executor": "dist", "recompute": True}, layers=6)
     c["run"].update(num_micro_batches=8)
     run = RunConfig.from_dict(c["run"]).validate()

@@ -23,3 +23,75 @@ def test_typo_suggests_close_names():
 def test_baselines_are_registered():
     assert {"grad_accum", "amp"} <= set(registry.names())
     assert registry.get("amp").precisions == ("fp16", "bf16")
+
+
+def test_a_catalogue_refuses_a_name_entered_twice_naming_both_places():
+    from suite.core.catalogue import Catalogue, Entry
+
+    with pytest.raises(ValueError, match="entered twice: at pkg.a:X and at pkg.b:Y"):
+        Catalogue("thing", [("x", Entry("pkg.a:X")), ("x", Entry("pkg.b:Y"))])
+
+
+def test_duplicate_cell_kinds_are_refused():
+    from suite.core.kinds import KINDS, CellKind
+
+    with pytest.raises(ValueError, match="cell kind 'throughput' is entered twice"):
+        KINDS.add("throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True))
+    assert KINDS.entry("throughput").where == "suite.core.cell:throughput_cell"  # the first entry stands
+
+
+def test_duplicate_experiments_are_refused():
+    from suite.core.catalogue import Entry
+    from suite.core.experiment import EXPERIMENTS, get_experiment
+
+    with pytest.raises(ValueError, match="experiment 'table2' is entered twice"):
+        EXPERIMENTS.add("table2", Entry("experiments.table3:EXPERIMENT"))
+    assert get_experiment("table2").name == "table2"
+
+
+def test_an_entry_that_defines_another_name_is_refused(monkeypatch):
+    from suite.core.catalogue import Catalogue, Entry
+    from suite.core.experiment import EXPERIMENTS
+
+    moved = Catalogue("experiment", [(n, EXPERIMENTS.entry(n)) for n in EXPERIMENTS.names()])
+    moved.add("table2-copy", Entry("experiments.table2:EXPERIMENT"))
+    monkeypatch.setattr("suite.core.experiment.EXPERIMENTS", moved)
+    from suite.core.experiment import get_experiment
+
+    with pytest.raises(ConfigError, match="defines 'table2'"):
+        get_experiment("table2-copy")
+
+
+def test_names_resolve_lazily_and_unknown_ones_get_the_closest():
+    """Asking for one experiment imports its module alone; no module registers anything by being imported."""
+    code = (
+        "import sys; from suite.core.experiment import get_experiment; get_experiment('table2'); "
+        "print(sorted(m for m in sys.modules if m.startswith('experiments.')))"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "experiments.table2" in out and "experiments.table7" not in out and "experiments.fig9_2bw" not in out
+    from suite.core.kinds import kind
+
+    with pytest.raises(ConfigError, match="did you mean throughput"):
+        kind("througput")
+
+
+def test_every_catalogue_entry_loads_and_every_experiment_module_is_entered():
+    import importlib
+    import pkgutil
+
+    import experiments
+    from suite.core.experiment import EXPERIMENTS, all_experiments
+    from suite.core.kinds import KINDS
+
+    assert all(callable(KINDS.load(name)) for name in KINDS.names())
+    entered = {EXPERIMENTS.entry(n).where.partition(":")[0] for n in all_experiments()}
+    defining = {
+        f"experiments.{i.name}"
+        for i in pkgutil.iter_modules(experiments.__path__)
+        if hasattr(importlib.import_module(f"experiments.{i.name}"), "EXPERIMENT")
+    }
+    assert defining == entered

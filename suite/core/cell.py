@@ -12,29 +12,7 @@ import traceback
 import torch
 
 from suite.config.errors import ConfigError
-
-CELL_KINDS = {}
-METHODLESS: set[str] = set()  # kinds that never build the cell's method (a projection): nothing of it to check
-TIMED = {"throughput"}  # kinds whose figure is a rate: measured in interleaved rounds
-ONE_PROCESS: set[str] = set()  # kinds that follow a multi-rank method's ranks themselves (counts): no torchrun
-
-
-def cell_kind(name: str, builds_method: bool = True, timed: bool = False, one_process: bool = False):
-    """Register a function that runs a cell kind: (run, device, cap) -> metrics dict. `timed`: its throughput
-    is the cell's figure, so a sweep measures it in rounds. `one_process`: launched as one process whatever
-    the method's rank count."""
-
-    def deco(fn):
-        CELL_KINDS[name] = fn
-        if not builds_method:
-            METHODLESS.add(name)
-        if timed:
-            TIMED.add(name)
-        if one_process:
-            ONE_PROCESS.add(name)
-        return fn
-
-    return deco
+from suite.core.kinds import KINDS, kind
 
 
 def check_cells(cells) -> None:
@@ -43,7 +21,7 @@ def check_cells(cells) -> None:
     from suite.core import registry
 
     for cell in cells:
-        if cell.kind in METHODLESS or not registry.is_registered(cell.run.method):
+        if not kind(cell.kind).builds_method or not registry.is_registered(cell.run.method):
             continue
         if registry.get(cell.run.method).unavailable() is not None:
             continue  # recorded not_implemented with the reason by the runner; the rest of the sweep runs
@@ -66,7 +44,6 @@ def cell_options(cls, run, what: str):
     return cls(**{k: v for k, v in run.options.items() if k in mine})
 
 
-@cell_kind("throughput")
 def throughput_cell(run, device, cap) -> dict:
     """Synthetic batches through the method: median step time, device and host memory peaks."""
     from suite.core.check import build_method
@@ -88,7 +65,6 @@ def throughput_cell(run, device, cap) -> dict:
     return m
 
 
-@cell_kind("count", one_process=True)
 def count_cell(run, device, cap) -> dict:
     """The method's own step on fake tensors, counted on this machine's CPU whatever it has: memory, not time.
     Past the cap (the paper's 16 GiB) the count raises out-of-memory, as the device would. Several ranks are
@@ -200,7 +176,7 @@ def execute(payload: dict) -> dict:
         device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
         cap = apply_device_memory_cap(run.device_memory, device)
         torch.manual_seed(run.seed)
-        record["metrics"] = CELL_KINDS[payload.get("kind", "throughput")](run, device, cap)
+        record["metrics"] = KINDS.load(payload.get("kind", "throughput"))(run, device, cap)
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 — every failure becomes a status, never a lost cell
         record["status"] = classify(exc)
@@ -223,13 +199,7 @@ def main(argv: list[str]) -> int:
         die_with_parent()
     with open(argv[0]) as f:
         payload = json.load(f)
-    from suite.core import cell
-    from suite.core.experiment import all_experiments
-
-    all_experiments()  # experiment modules may register their own cell kinds
-    # Run through the imported module: under `python -m suite.core.cell` this file is __main__, a second
-    # copy whose CELL_KINDS the experiment modules never see.
-    record = cell.execute(payload)
+    record = execute(payload)
     if int(os.environ.get("RANK", 0)) == 0:
         tmp = argv[1] + ".tmp"
         with open(tmp, "w") as f:

@@ -19,8 +19,9 @@ from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes, torchrun_command
 from suite.core import registry
-from suite.core.cell import ONE_PROCESS, TIMED, check_cells
+from suite.core.cell import check_cells
 from suite.core.experiment import Cell, Experiment, resolve_profile
+from suite.core.kinds import is_timed, kind
 from suite.core.nodes import Coordinator
 from suite.core.rounds import merge, resumable
 from suite.measure.machine import fingerprint
@@ -37,7 +38,7 @@ def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv
 
 def world_of(cell: Cell) -> int:
     """How many ranks the cell runs on (through torchrun when more than one); a count takes every rank in one."""
-    if cell.kind in ONE_PROCESS:
+    if kind(cell.kind).one_process:
         return 1
     return registry.get(cell.run.method).world_size(cell.run) if registry.is_registered(cell.run.method) else 1
 
@@ -161,7 +162,7 @@ def counted(cells: list[Cell]) -> list[Cell]:
     projected pipeline row becomes a count of the method itself, each stage as its own rank would hold it; a
     projection of a system no method runs (inter-layer MP) has no count and is left out; a projection's search
     for the largest model becomes a search over counts (`count-search`, in the pipeline planner)."""
-    wrong = sorted({c.kind for c in cells if c.kind not in TIMED and c.kind != COUNTABLE})
+    wrong = sorted({c.kind for c in cells if not is_timed(c.kind) and c.kind != COUNTABLE})
     if wrong:
         raise ConfigError(
             f"--measure count counts the memory of a method's step; this experiment's {wrong} cells cannot be "
@@ -272,7 +273,7 @@ def run_cells(
         verb = "counting" if measure == "count" else "measuring"
         progress(f"{verb} {len(todo)} cell(s) on {here}, sweep {sweep_id}: {how}")
     done = {c.key: done.get(c.key, []) for c in todo}
-    for cell in [c for c in todo if len(done[c.key]) >= (rounds if c.kind in TIMED else 1)]:
+    for cell in [c for c in todo if len(done[c.key]) >= (rounds if is_timed(c.kind) else 1)]:
         todo.remove(cell)  # resumed with as many rounds as this call asks for: finish it as it stands
         planned = len(done[cell.key])
         records[cell.key] = _finish(
@@ -287,7 +288,7 @@ def run_cells(
     try:
         for r in range(1, rounds + 1):
             for cell in todo:
-                planned = rounds if cell.kind in TIMED else 1
+                planned = rounds if is_timed(cell.kind) else 1
                 if r > planned or len(done[cell.key]) >= r or (done[cell.key] and done[cell.key][-1]["status"] != "ok"):
                     continue  # measured once, resumed past this round, or failed earlier: nothing to run
                 tag = tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")

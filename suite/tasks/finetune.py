@@ -16,7 +16,7 @@ import torch
 from suite.config.errors import ConfigError
 from suite.config.paths import ROOT
 from suite.config.run import RunConfig
-from suite.core.cell import cell_kind, cell_options
+from suite.core.cell import cell_options
 from suite.core.check import build_method
 from suite.harness.data import MiniBatch
 from suite.harness.device import autocast
@@ -374,7 +374,6 @@ def run_digest(run: RunConfig) -> str:
     return hashlib.sha256(json.dumps(run.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-@cell_kind("finetune")
 def finetune_cell(run: RunConfig, device: torch.device, cap) -> dict:
     """One fine-tuning run as a table cell: dev scores in percent, the curve, and where its weights are."""
     import datasets

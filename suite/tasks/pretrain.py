@@ -14,7 +14,7 @@ import torch
 from suite.config.errors import ConfigError
 from suite.config.paths import ROOT
 from suite.config.run import RunConfig
-from suite.core.cell import cell_kind, cell_options
+from suite.core.cell import cell_options
 from suite.core.check import build_method
 from suite.harness.families import FAMILIES
 from suite.harness.model import build_model
@@ -171,7 +171,6 @@ def pretrain(
     return out
 
 
-@cell_kind("pretrain")
 def pretrain_cell(run: RunConfig, device: torch.device, cap) -> dict:
     """One pre-training run as a table cell: loss curves, validation loss (perplexity), fine-tuned dev scores."""
     from suite.config import paths

@@ -11,7 +11,6 @@ import torch
 from suite.config.run import RunConfig
 from suite.core.cell import count_rank
 from suite.core.check import build_method
-from suite.core.experiment import all_experiments
 from suite.harness.data import synthetic_batches
 from suite.measure.counting import count
 from suite.measure.memory import LiveBytesTracker
@@ -38,7 +37,6 @@ def counted(run, device: str, round_to: int = 1, limit=None, warmup: int = 1) ->
 
 
 def main(cases: list[dict]) -> list[dict]:
-    all_experiments()
     out = []
     for case in cases:
         run = RunConfig.from_dict(case["run"]).validate()

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from methods.pipeline.method import PipelineMethod
 from methods.pipeline.planner.costmodel import Link, cached_profile, save_links
 from methods.pipeline.planner.predict import predict
-from suite.core.cell import cell_kind, throughput_cell
+from suite.core.cell import throughput_cell
 
 
 def _fit_link(samples: list[tuple[int, float]]) -> Link:
@@ -72,7 +72,6 @@ def calibrate_all_reduce(
     return _fit_link(samples)
 
 
-@cell_kind("planned")
 def planned_cell(run, device, cap) -> dict:
     """Measure a pipeline method (throughput cell), calibrate the links it used, then predict the same
     configuration from the cached per-layer profile and report the relative errors (predicted / measured - 1)."""

@@ -9,7 +9,7 @@ import torch
 from methods.pipeline.planner.costmodel import DEVICE_SPECS
 from methods.pipeline.planner.projection import project
 from suite.config.sizes import parse_size
-from suite.core.cell import cell_kind, count_cell
+from suite.core.cell import count_cell
 
 
 def _blocks(run, n: int):
@@ -53,7 +53,6 @@ def search(fits, guess: int, least: int, most: int = 4096) -> int:
     return lo
 
 
-@cell_kind("count-search", one_process=True)
 def largest_counted(run, device, cap) -> dict:
     """The most blocks whose counted worst stage fits the cap (--device-memory, else the projection spec's memory),
     each candidate a full count of the method (suite.core.cell.count_cell). The planner's projection under the

@@ -10,7 +10,6 @@ import torch
 from methods.pipeline.planner.costmodel import DEVICE_SPECS, DeviceSpec, Profile, analytic_profile, cached_profile
 from methods.pipeline.planner.predict import SCHEDULES, predict, stage_memory, stages_of
 from suite.config.sizes import parse_size
-from suite.core.cell import cell_kind
 
 # Micro-batch sizes the planner may choose from when a row asks for the fastest fitting one.
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -177,7 +176,6 @@ def project(run, cap: int | None = None) -> dict:
     return metrics
 
 
-@cell_kind("projected", builds_method=False)
 def projected_cell(run, device, cap) -> dict:
     """Predict the configuration with the planner's cost model; nothing is trained."""
     return project(run, cap)

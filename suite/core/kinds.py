@@ -1,0 +1,44 @@
+"""Cell kinds by name: the function that runs a cell of each kind, and what the runner must know of it beforehand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from suite.core.catalogue import Catalogue, Entry
+
+
+@dataclass(frozen=True)
+class CellKind(Entry):
+    """A cell kind: `where` names its function (run, device, cap) -> metrics dict. `timed`: its throughput is the
+    cell's figure, so a sweep measures it in interleaved rounds. `builds_method`: False where the cell never
+    builds its method (a projection), so there is nothing of the method to check before launch. `one_process`:
+    launched as one process whatever the method's rank count (a count follows the ranks itself)."""
+
+    timed: bool = False
+    builds_method: bool = True
+    one_process: bool = False
+
+
+# A new kind is one line here and its function where it belongs; the function is imported when a cell runs.
+KINDS = Catalogue(
+    "cell kind",
+    [
+        ("throughput", CellKind("suite.core.cell:throughput_cell", timed=True)),
+        ("count", CellKind("suite.core.cell:count_cell", one_process=True)),
+        ("finetune", CellKind("suite.tasks.finetune:finetune_cell")),
+        ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),
+        ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
+        ("planned", CellKind("methods.pipeline.planner.check:planned_cell")),
+        ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
+        ("count-search", CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True)),
+    ],
+)
+
+
+def kind(name: str) -> CellKind:
+    """The kind called `name` (an unknown one is a one-line ConfigError)."""
+    return KINDS.entry(name)
+
+
+def is_timed(name: str) -> bool:
+    return name in KINDS and kind(name).timed
