@@ -17,7 +17,9 @@ from pathlib import Path
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
+from suite.core.request import SweepRequest
 from suite.measure.machine import describe, fingerprint
+from suite.records.schema import Record
 from suite.sweep import sweep
 
 BUDGET_S = 540.0  # a stage's default: inside the GPU machine's 10-minute command limit, with a margin
@@ -128,12 +130,12 @@ def _pytest(files: tuple[str, ...], marker: str, report: Path, extra: list[str],
     return {"command": " ".join(cmd), "exit": code, "seconds": round(time.time() - started, 1), **counts, "tail": tail}
 
 
-def _summary_line(stage: int, exp: str, record: dict, row: str) -> str:
-    m = record.get("metrics") or {}
+def _summary_line(stage: int, exp: str, record: Record, row: str) -> str:
+    m = record["metrics"]
     figures = ", ".join(
         f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb", "host_peak_gb") if isinstance(m.get(k), (int, float))
     )
-    return f"stage {stage} | {exp}/{row} | {record.get('status')}" + (f" | {figures}" if figures else "")
+    return f"stage {stage} | {exp}/{row} | {record['status']}" + (f" | {figures}" if figures else "")
 
 
 def run_stage(
@@ -196,16 +198,16 @@ def run_stage(
         if time.time() >= deadline:
             report["left"].append(s.experiment)
             continue
-        records = sweep(
+        req = SweepRequest(
             exp,
             profile=profile,
             only=only,
             wandb_mode=wandb_mode,
             results_dir=results_dir,
-            progress=progress,
             rounds=1 if dry else rounds,
             deadline=deadline,
         )
+        records = sweep(req, progress)
         for row in exp.rows(profile):
             if row.skip and (only is None or row.name in only):  # a row with no cell here says why
                 report["cells"].append({"experiment": s.experiment, "row": row.name, "status": f"skipped: {row.skip}"})

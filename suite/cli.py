@@ -45,6 +45,7 @@ def _nodes(args, needs_node_rank: bool):
 
 def _run(args) -> int:
     from suite.core.experiment import get_experiment
+    from suite.core.request import SweepRequest
     from suite.sweep import sweep
 
     nodes = _nodes(args, needs_node_rank=True)
@@ -56,7 +57,7 @@ def _run(args) -> int:
                 "task folders (CoLA, MRPC, RTE, SST-2, STS-B, QNLI)"
             )
         os.environ["SUITE_GLUE_DIR"] = os.path.abspath(args.data_dir)
-    records = sweep(
+    req = SweepRequest(
         exp,
         profile=args.profile,
         only=args.only,
@@ -69,6 +70,7 @@ def _run(args) -> int:
         nodes=nodes,
         measure=args.measure,
     )
+    records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
     return 1 if bad and args.strict else 0
 
@@ -191,7 +193,7 @@ def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from suite.core.runner import MEASURES
+    from suite.core.request import MEASURES
 
     p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)

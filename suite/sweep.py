@@ -5,54 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite.config import paths
-from suite.config.launch import Nodes
 from suite.core.experiment import Experiment
+from suite.core.request import SweepRequest
 from suite.core.runner import run_cells
 from suite.records import tracking
+from suite.records.schema import Record
 from suite.report import tables
 
 
-def sweep(
-    exp: Experiment,
-    profile: str = "auto",
-    only: list[str] | None = None,
-    force: bool = False,
-    device_memory: str | None = None,
-    overrides: list[str] | None = None,
-    wandb_mode: str | None = None,
-    results_dir: Path | None = None,
-    timeout: float | None = None,
-    progress=print,
-    rounds: int | None = None,
-    deadline: float | None = None,
-    nodes: Nodes | None = None,
-    measure: str = "time",
-) -> list[dict]:
-    """Run (or reuse) every cell of `exp`, write its records, tables, figure and W&B runs; returns the records.
-    Across `nodes`, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
-    results_dir = Path(results_dir or paths.RESULTS_DIR)
-    cells, records = run_cells(
-        exp,
-        profile,
-        only,
-        force,
-        device_memory,
-        overrides,
-        wandb_mode,
-        results_dir,
-        timeout,
-        progress,
-        rounds,
-        deadline=deadline,
-        nodes=nodes,
-        measure=measure,
-    )
-    if nodes is not None and nodes.multi and nodes.node_rank:
+def sweep(req: SweepRequest, progress=print) -> list[Record]:
+    """Run (or reuse) every cell `req` asks for, write its records, tables, figure and W&B runs; returns the records.
+    Across nodes, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
+    cells, records = run_cells(req, progress)
+    if req.follower:
         return []  # node 0 writes the tables
-    render(exp, results_dir, progress)
+    exp = req.experiment
+    render(exp, req.results_dir, progress)
     cols, rows = tables.table_rows(exp, cells, records)
     try:
-        tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=tracking.resolve_mode(wandb_mode))
+        tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode)
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records

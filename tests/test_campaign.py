@@ -7,8 +7,9 @@ import types
 from test_runner import make_experiment
 
 from suite import campaign, cli
-from suite.core import runner
+from suite.core import plan, runner
 from suite.core.experiment import Row
+from suite.core.request import SweepRequest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.sweep import sweep
 
@@ -61,12 +62,15 @@ def test_a_sweep_cut_at_its_deadline_resumes_its_rounds_in_the_same_sweep(tmp_pa
     )
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
     seen = []
-    first = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=3, deadline=1035.0)
+    first = sweep(
+        SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3, deadline=1035.0),
+        progress=seen.append,
+    )
     # a, b, a ran (30 s); b's second round would end past the deadline, so it and the rest wait
     assert order == ["a", "b", "a"]
     assert [r["status"] for r in first] == ["partial: 2/3 rounds", "partial: 1/3 rounds"]
     assert any("deadline reached: 3 cell-round(s) left" in m for m in seen)
-    again = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=3)
+    again = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3), progress=seen.append)
     assert order[3:] == ["b", "a", "b"]  # only the missing rounds, still interleaved
     a, b = again
     assert a["status"] == b["status"] == "ok" and a["rounds"] == 3
@@ -81,9 +85,12 @@ def test_rounds_of_another_methodology_are_not_resumed(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
     monkeypatch.setattr(runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0, 13.0]}, order, clock))
     exp = make_experiment([Row("a", "grad_accum")])
-    sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=2, deadline=15.0)
-    monkeypatch.setattr(runner, "METHODOLOGY_VERSION", METHODOLOGY_VERSION + "-next")
-    (rec,) = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=2)
+    sweep(
+        SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2, deadline=15.0),
+        progress=lambda m: None,
+    )
+    monkeypatch.setattr(plan, "METHODOLOGY_VERSION", METHODOLOGY_VERSION + "-next")
+    (rec,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2), progress=lambda m: None)
     assert order == ["a", "a", "a"] and rec["metrics"]["throughput_rounds"] == [12.0, 11.0]
 
 
@@ -102,8 +109,11 @@ def test_partial_figures_are_shown_as_partial_and_a_smaller_ask_finishes_them(tm
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
     monkeypatch.setattr(runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0]}, order, clock))
     exp = make_experiment([Row("a", "grad_accum")])
-    sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=3, deadline=25.0)
+    sweep(
+        SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3, deadline=25.0),
+        progress=lambda m: None,
+    )
     table = (tmp_path / "runner-test.md").read_text()
     assert "| partial: 2/3 rounds |" in table and "| 11.00 |" in table and "10.00-12.00" in table
-    (rec,) = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=2)
+    (rec,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2), progress=lambda m: None)
     assert order == ["a", "a"] and rec["status"] == "ok" and rec["rounds"] == 2

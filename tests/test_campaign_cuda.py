@@ -7,7 +7,7 @@ import torch
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.check import build_method, check
 from suite.core.experiment import get_experiment
-from suite.core.runner import run_cell
+from suite.core.launcher import run_cell
 from suite.harness.data import synthetic_batches
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -152,7 +152,7 @@ def test_each_pipeline_stage_counted_as_its_torchrun_rank_measures_it(method):
     step's boundary tensors more than the count, never less: at most one activation and one gradient per
     micro-batch (here 2 x 16 x 4 x 32 x 64 FP32 = 1 MiB)."""
     from suite.core.experiment import get_experiment
-    from suite.core.runner import run_cell
+    from suite.core.launcher import run_cell
 
     (cell,) = get_experiment("2bw-fig7").cells("tiny", [f"measured-{method}-rc0"], ["steps=1", "warmup=2"])
     record = run_cell(cell, timeout=300)
@@ -167,12 +167,16 @@ def test_each_pipeline_stage_counted_as_its_torchrun_rank_measures_it(method):
 
 def test_measure_count_runs_a_table_as_counted_cells(tmp_path, monkeypatch):
     from suite.core.experiment import get_experiment
+    from suite.core.request import SweepRequest
     from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("table5")
     rows = ["baseline-x1", "baseline-x2", "stash-cpu-x1", "stash-cpu-x4"]
-    records = sweep(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, measure="count")
+    records = sweep(
+        SweepRequest(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", measure="count"),
+        progress=lambda m: None,
+    )
     by_row = {r["row"]: r for r in records}
     # the paper's claim at tiny under its 10 MiB cap, as the measured tiny rows show it: the baseline fits at
     # 4 layers and not at 8; L2L with the stash on the host fits, as flat at 16 layers as at 4
@@ -192,7 +196,7 @@ def test_measure_count_runs_a_table_as_counted_cells(tmp_path, monkeypatch):
 def test_measure_count_refuses_cells_that_build_no_method():
     from suite.config.errors import ConfigError
     from suite.core.experiment import get_experiment
-    from suite.core.runner import counted
+    from suite.core.plan import counted
 
     with pytest.raises(ConfigError, match="--measure count"):
         counted(get_experiment("table7").cells("tiny"))
@@ -254,21 +258,24 @@ def test_figure9_counted_searches_the_largest_model_over_counts(tmp_path, monkey
     """2bw-fig9's projected rows under --measure count: the most blocks whose counted worst stage fits, the
     planner's guess beside it and every count the search made; one block more is out of memory."""
     from suite.core.experiment import get_experiment
+    from suite.core.request import SweepRequest
     from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("2bw-fig9")
     over = ["model.hidden=64", "model.heads=2", "model.intermediate=256", "model.vocab_size=512", "seq_len=32"]
     (rec,) = sweep(
-        exp,
-        "tiny",
-        ["projected-d2"],
-        device_memory="4MB",
-        overrides=over,
-        results_dir=tmp_path,
-        wandb_mode="off",
+        SweepRequest(
+            exp,
+            "tiny",
+            ["projected-d2"],
+            device_memory="4MB",
+            overrides=over,
+            results_dir=tmp_path,
+            wandb_mode="off",
+            measure="count",
+        ),
         progress=lambda m: None,
-        measure="count",
     )
     assert rec["status"] == "ok", rec.get("error")
     m = rec["metrics"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from suite.core.experiment import get_experiment
-from suite.core.runner import run_cell
+from suite.core.launcher import run_cell
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -10,6 +10,7 @@ from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig
 from suite.core import registry
 from suite.core.experiment import get_experiment
+from suite.core.request import SweepRequest
 from suite.harness.model import build_model
 from suite.sweep import sweep
 
@@ -99,12 +100,14 @@ def test_table5_two_depths_end_to_end(tmp_path, monkeypatch):
     # The baseline and L2L with a host stash, at two depths (stash=gpu's slope is tests/l2l/test_l2l_memory.py's).
     only = [f"{v}-x{s}" for v in ("baseline", "stash-cpu") for s in (1, 2)]
     records = sweep(
-        table5.EXPERIMENT,
-        profile="tiny",
-        only=only,
-        overrides=["warmup=0", "steps=1"],
-        wandb_mode="off",
-        results_dir=tmp_path,
+        SweepRequest(
+            table5.EXPERIMENT,
+            profile="tiny",
+            only=only,
+            overrides=["warmup=0", "steps=1"],
+            wandb_mode="off",
+            results_dir=tmp_path,
+        ),
         progress=lambda m: None,
     )
     got = {r["row"]: r for r in records}

@@ -16,9 +16,10 @@ from test_runner import make_experiment
 from suite.cli import main
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes, torchrun_command
-from suite.core import registry, runner
+from suite.core import launcher, registry, runner
 from suite.core.experiment import Row
 from suite.core.nodes import Coordinator
+from suite.core.request import SweepRequest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -110,7 +111,7 @@ def test_node_0_writes_every_record_and_takes_rank_0s_from_the_node_that_got_it(
         failure = f"error: cell process exited with code {code} without a record"
         return None, {"status": failure, "metrics": {}, "error": "", "provenance": None}
 
-    monkeypatch.setattr(runner, "launch", fake_launch)
+    monkeypatch.setattr(launcher, "launch", fake_launch)
     registry.load_all()  # here, not in two threads at once
     endpoint = f"127.0.0.1:{free_port()}"
     out = {}
@@ -118,7 +119,8 @@ def test_node_0_writes_every_record_and_takes_rank_0s_from_the_node_that_got_it(
     def node(rank):
         nodes = Nodes(2, rank, endpoint).validate()
         out[rank] = runner.run_cells(
-            exp, "tiny", results_dir=tmp_path / f"node{rank}", wandb_mode="off", progress=lambda m: None, nodes=nodes
+            SweepRequest(exp, "tiny", results_dir=tmp_path / f"node{rank}", wandb_mode="off", nodes=nodes),
+            progress=lambda m: None,
         )
 
     follower = threading.Thread(target=node, args=(1,))

@@ -7,6 +7,7 @@ import pytest
 
 from suite.core import registry
 from suite.core.experiment import Experiment, Metric, Row
+from suite.core.request import SweepRequest
 from suite.records import store, tracking
 from suite.sweep import sweep
 
@@ -62,7 +63,9 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
             Row("missing", "not-a-method-yet"),
         ]
     )
-    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None, rounds=1)
+    records = sweep(
+        SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", rounds=1), progress=lambda m: None
+    )
     status = {r["row"]: r["status"] for r in records}
     assert status["ok"] == "ok"
     assert status["error"].startswith("error: ValueError: deliberate failure")
@@ -83,7 +86,9 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
 def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
     pytest.importorskip("wandb")  # without it (the GPU image) the sweep above runs untracked
     exp = make_experiment([Row("ok", "grad_accum", labels={"precision": "FP32"})])
-    (ok,) = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", progress=lambda m: None, rounds=1)
+    (ok,) = sweep(
+        SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", rounds=1), progress=lambda m: None
+    )
     assert ok["status"] == "ok"
     # the offline W&B run of the ok cell carries its config and summary
     back = tracking.read_offline_run(ok["wandb_dir"])
@@ -95,7 +100,8 @@ def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
 def test_timeout_is_a_status(tmp_path):
     exp = make_experiment([Row("slow", "grad_accum")])
     (rec,) = sweep(
-        exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5, progress=lambda m: None, rounds=1
+        SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", timeout=0.5, rounds=1),
+        progress=lambda m: None,
     )
     assert rec["status"] == "timeout"
 
@@ -108,15 +114,23 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=interrupt_after_first, rounds=1)
+        sweep(
+            SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", rounds=1),
+            progress=interrupt_after_first,
+        )
     first = sorted((tmp_path / "runs" / "test-machine").glob("*.json"))
     assert len(first) == 1
     stamp = first[0].stat().st_mtime_ns
     seen = []
-    records = sweep(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=1)
+    records = sweep(
+        SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=seen.append
+    )
     assert [r["status"] for r in records] == ["ok", "ok"]
     assert any("a (grad_accum, tiny): ok (cached on test-machine" in m for m in seen)
     assert first[0].stat().st_mtime_ns == stamp
     # --force runs it again
-    sweep(exp, "tiny", ["a"], force=True, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, rounds=1)
+    sweep(
+        SweepRequest(exp, "tiny", ["a"], force=True, results_dir=tmp_path, wandb_mode="off", rounds=1),
+        progress=lambda m: None,
+    )
     assert first[0].stat().st_mtime_ns != stamp

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from experiments import table7, table7_equivalence
+from suite.core.request import SweepRequest
 from suite.sweep import sweep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
@@ -89,7 +90,8 @@ def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
     pytest.importorskip("datasets")  # the fine-tuning cells load GLUE through it
     rows = ["rte-baseline-fp32", "rte-baseline-amp"]
     records = sweep(
-        table7.EXPERIMENT, profile="tiny", only=rows, results_dir=results_env, wandb_mode="off", progress=lambda m: None
+        SweepRequest(table7.EXPERIMENT, profile="tiny", only=rows, results_dir=results_env, wandb_mode="off"),
+        progress=lambda m: None,
     )
     assert [r["status"] for r in records] == ["ok", "ok"], [r.get("error") for r in records]
     m = records[0]["metrics"]
@@ -204,11 +206,13 @@ def test_the_fine_tuning_history_reads_back_from_the_offline_wandb_run(results_e
     for var in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     (rec,) = sweep(
-        table7.EXPERIMENT,
-        profile="tiny",
-        only=["mrpc-baseline-fp32"],
-        results_dir=results_env,
-        wandb_mode="offline",
+        SweepRequest(
+            table7.EXPERIMENT,
+            profile="tiny",
+            only=["mrpc-baseline-fp32"],
+            results_dir=results_env,
+            wandb_mode="offline",
+        ),
         progress=lambda m: None,
     )
     assert rec["status"] == "ok", rec.get("error")

@@ -15,6 +15,7 @@ from suite.cli import build_parser, main
 from suite.config.errors import ConfigError
 from suite.core import registry, runner
 from suite.core.experiment import Experiment, Metric, Row
+from suite.core.request import SweepRequest
 from suite.core.rounds import merge
 from suite.measure import machine
 from suite.records import store
@@ -105,14 +106,14 @@ def test_slugs_are_short_and_tell_the_kernels(model, flags, cores, slug, monkeyp
 def test_records_are_reused_only_on_the_machine_that_made_them(tmp_path, monkeypatch):
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
     monkeypatch.setenv("SUITE_MACHINE", "machine-one")
-    first = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=quiet, rounds=1)
+    first = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet)
     seen = []
-    again = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=1)
+    again = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=seen.append)
     assert [r["sweep"] for r in again] == [r["sweep"] for r in first]  # reused, not measured
     assert all("cached on machine-one" in m for m in seen if m.startswith("["))
     monkeypatch.setenv("SUITE_MACHINE", "machine-two")
     seen = []
-    other = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=1)
+    other = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=seen.append)
     assert any("measuring 2 cell(s) on machine-two" in m for m in seen)
     assert not any("cached" in m for m in seen)
     assert {r["machine"]["slug"] for r in other} == {"machine-two"}
@@ -128,9 +129,11 @@ def test_records_are_reused_only_on_the_machine_that_made_them(tmp_path, monkeyp
 def test_rows_from_another_sweep_are_marked_and_show_no_ratio(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "m")
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
-    first = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=quiet, rounds=1)
+    first = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet)
     assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # one sweep: a ratio
-    second = sweep(exp, "tiny", ["b"], force=True, results_dir=tmp_path, wandb_mode="off", progress=quiet, rounds=1)
+    second = sweep(
+        SweepRequest(exp, "tiny", ["b"], force=True, results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet
+    )
     assert second[0]["sweep"] != first[0]["sweep"]
     assert "`b` came from other sweeps and show no ratio" in (tmp_path / "trust-test.md").read_text()
     assert _cell(tmp_path, "b", "memory_gb xa ours") == "—"
@@ -157,7 +160,7 @@ def test_rounds_interleave_the_cells_and_report_median_and_spread(tmp_path, monk
         [Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7}), Row("c", "grad_accum", {"seed": 8})]
     )
     seen = []
-    recs = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=3)
+    recs = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3), progress=seen.append)
     assert order == ["a", "b", "c"] * 3  # ABC ABC ABC
     assert any("round 2/3" in m for m in seen)
     a, b, c = recs
@@ -195,11 +198,11 @@ def test_a_failed_round_keeps_the_rounds_measured_before_it():
 def test_a_corrupt_record_gets_one_warning_and_its_cell_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "m")
     exp = make_experiment([Row("a", "grad_accum")])
-    (rec,) = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=quiet, rounds=1)
+    (rec,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet)
     path = store.run_path(tmp_path, rec["key"], "m")
     path.write_text(path.read_text()[:40])  # truncated mid-write
     seen = []
-    (again,) = sweep(exp, "tiny", results_dir=tmp_path, wandb_mode="off", progress=seen.append, rounds=1)
+    (again,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=seen.append)
     warnings = [m for m in seen if m.startswith("warning:")]
     assert warnings and str(path) in warnings[0] and "\n" not in warnings[0]
     assert again["status"] == "ok" and again["sweep"] != rec["sweep"]
@@ -214,11 +217,12 @@ def test_killing_the_runner_ends_its_cell_and_writes_no_record(tmp_path, sig):
         sys.path[:0] = [{ROOT!r}, {TESTS!r}]
         import plugin_methods
         from suite.core.experiment import Experiment, Metric, Row
+        from suite.core.request import SweepRequest
         from suite.core.runner import run_cells
         exp = Experiment(name="kill-test", title="t", source="t", baseline="s", label_columns=[],
                          metrics=[Metric("throughput", "throughput")], rows=lambda p: [Row("s", "sleeps")],
                          base=lambda p: {TINY!r})
-        run_cells(exp, "tiny", results_dir={str(tmp_path)!r}, wandb_mode="off", rounds=1)
+        run_cells(SweepRequest(exp, "tiny", results_dir={str(tmp_path)!r}, wandb_mode="off", rounds=1))
     """)
     env = {
         **os.environ,
@@ -267,7 +271,7 @@ def _alive(pid: int) -> bool:
 def test_multi_rank_constraints_fail_before_any_process_is_launched(row, words, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("a process was launched"))
     with pytest.raises(ConfigError) as err:
-        sweep(make_experiment([row]), "tiny", results_dir=tmp_path, wandb_mode="off", progress=quiet)
+        sweep(SweepRequest(make_experiment([row]), "tiny", results_dir=tmp_path, wandb_mode="off"), progress=quiet)
     msg = str(err.value)
     assert "\n" not in msg
     for w in words:

@@ -13,6 +13,7 @@ import torch
 
 from suite.config.errors import ConfigError
 from suite.core.kinds import KINDS, kind
+from suite.records.schema import Outcome
 
 
 def check_cells(cells) -> None:
@@ -160,7 +161,7 @@ def classify(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {msg}"[:300]
 
 
-def execute(payload: dict) -> dict:
+def execute(payload: dict) -> Outcome:
     """Run the cell described by `payload` (Cell.resolved()) and return its record."""
     from suite.config.run import RunConfig
     from suite.harness.device import resolve_device

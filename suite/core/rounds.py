@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from suite.records.schema import Outcome, Record
+
 # Rates whose rounds are kept: the median is the cell's figure, min and max its spread.
 RATES = ("throughput", "throughput_per_rank")
 # Peaks take the largest round: what must fit.
@@ -18,28 +20,28 @@ PEAKS = (
 )
 
 
-def merge(rounds: list[dict], planned: int) -> dict:
+def merge(rounds: list[Outcome], planned: int) -> Outcome:
     """One record from the records of a cell's rounds so far: `ok` once all `planned` rounds are, else the
     failed round's status, or `partial: k/n rounds` while rounds remain. Measured rounds are never dropped."""
     ok = [r for r in rounds if r["status"] == "ok"]
     last = rounds[-1]
     if last["status"] != "ok" and not ok:
         return dict(last, rounds=0)
-    record = dict(ok[0], metrics=dict(ok[0].get("metrics") or {}), rounds=len(ok))
+    record = dict(ok[0], metrics=dict(ok[0]["metrics"]), rounds=len(ok))
     m = record["metrics"]
     for key in RATES:
-        values = [r["metrics"][key] for r in ok if isinstance((r.get("metrics") or {}).get(key), (int, float))]
+        values = [r["metrics"][key] for r in ok if isinstance(r["metrics"].get(key), (int, float))]
         if len(values) == len(ok):
             m[key] = statistics.median(values)
             m[f"{key}_rounds"] = values
-    times = [r["metrics"]["step_time_median"] for r in ok if "step_time_median" in (r.get("metrics") or {})]
+    times = [r["metrics"]["step_time_median"] for r in ok if "step_time_median" in r["metrics"]]
     if len(times) == len(ok):
         m["step_time_median"] = statistics.median(times)
         m["step_time_min"] = min(r["metrics"]["step_time_min"] for r in ok)
         m["step_time_max"] = max(r["metrics"]["step_time_max"] for r in ok)
         m["timed_steps"] = sum(r["metrics"].get("timed_steps", 0) for r in ok)
     for key in PEAKS:
-        values = [r["metrics"][key] for r in ok if isinstance((r.get("metrics") or {}).get(key), (int, float))]
+        values = [r["metrics"][key] for r in ok if isinstance(r["metrics"].get(key), (int, float))]
         if values:
             m[key] = max(values)
     record["duration_s"] = sum(r.get("duration_s") or 0.0 for r in rounds)
@@ -55,7 +57,7 @@ def merge(rounds: list[dict], planned: int) -> dict:
 ROUND_FIELDS = ("status", "metrics", "provenance", "duration_s")
 
 
-def resumable(record: dict | None, methodology: str) -> list[dict]:
+def resumable(record: Record | None, methodology: str) -> list[Outcome]:
     """The measured rounds of a partial record made by the same methodology, to continue from; else none."""
     if not record or not str(record.get("status", "")).startswith("partial"):
         return []

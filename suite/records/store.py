@@ -1,4 +1,5 @@
-"""The record store: one JSON record per cell and machine, results/runs/<machine>/<key>.json, written atomically."""
+"""The record store: one JSON record per cell and machine, results/runs/<machine>/<key>.json, written atomically
+and checked against the record schema (suite/records/schema.py) when read."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from suite.records.schema import SCHEMA_VERSION, Record, problems
+
 FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout, partial and not_implemented are tried again
 
 
@@ -16,27 +19,31 @@ def run_path(results_dir: Path, key: str, machine: str) -> Path:
     return results_dir / "runs" / machine / f"{key}.json"
 
 
-def read(path: Path, warn: Callable[[str], None] = print) -> dict | None:
-    """The record at `path`, or None with one warning line naming the file when it is not a readable record."""
+def read(path: Path, warn: Callable[[str], None] = print) -> Record | None:
+    """The record at `path`, or None with one warning line naming the file when it is not a readable record or
+    does not match the record schema (suite/records/schema.py)."""
     try:
         with open(path) as f:
             rec = json.load(f)
-        if not isinstance(rec, dict) or "status" not in rec:
-            raise ValueError("no status field")
-        return rec
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         warn(f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); ignored")
         return None
+    if wrong := problems(rec):
+        warn(f"warning: {path} does not match the record schema (suite/records/schema.py: {', '.join(wrong)}); ignored")
+        return None
+    return rec
 
 
-def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] = print) -> dict | None:
+def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] = print) -> Record | None:
     """This machine's record of cell `key`; records of other machines are never reused."""
     path = run_path(results_dir, key, machine)
     return read(path, warn) if path.exists() else None
 
 
-def save(results_dir: Path, key: str, machine: str, record: dict) -> Path:
-    """Write atomically, so an interrupted sweep never leaves a half-written record."""
+def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
+    """Write atomically, so an interrupted sweep never leaves a half-written record; stamped with the schema's
+    version."""
+    record = {**record, "schema": SCHEMA_VERSION}
     path = run_path(results_dir, key, machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -46,7 +53,7 @@ def save(results_dir: Path, key: str, machine: str, record: dict) -> Path:
     return path
 
 
-def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Iterator[dict]:
+def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Iterator[Record]:
     """Every readable record: those of each machine's folder, and the flat ones that predate fingerprints."""
     runs = results_dir / "runs"
     for path in sorted([*runs.glob("*.json"), *runs.glob("*/*.json")]):
@@ -55,10 +62,9 @@ def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Itera
             yield rec
 
 
-def machine_of(record: dict) -> str:
+def machine_of(record: Record) -> str:
     """The slug of the machine a record came from; records made before fingerprints are named by their provenance."""
-    fp = record.get("machine") or {}
-    if fp.get("slug"):
-        return fp["slug"]
-    device = (record.get("provenance") or {}).get("device") or "unknown device"
+    if record.get("machine", {}).get("slug"):
+        return record["machine"]["slug"]
+    device = (record["provenance"] or {}).get("device") or "unknown device"
     return "unfingerprinted-" + "-".join(re.findall(r"[A-Za-z0-9_]+", device)).lower()

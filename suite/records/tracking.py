@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from suite.records.schema import Record
+
 MODES = ("off", "offline", "online")
 PROJECT = "memtrain-suite"
 
@@ -122,6 +124,23 @@ def log_cell(
         return str(run.settings.sync_dir)
     finally:
         run.finish()
+
+
+def log_record(record: Record, mode: str) -> str | None:
+    """Record a cell's finished record as a W&B run (its metrics the summary, a fine-tuning history the run's
+    history); return its run directory, or None when not tracked."""
+    metrics = record["metrics"]
+    return log_cell(
+        experiment=record["experiment"],
+        row=record["row"],
+        method=record["method"],
+        config=record["config"],
+        provenance=record["provenance"] or {},
+        summary={k: v for k, v in metrics.items() if k != "history"},
+        status=record["status"],
+        mode=mode,
+        history=metrics.get("history"),
+    )
 
 
 def log_table(

@@ -16,6 +16,7 @@ from suite.core.experiment import Cell
 from suite.core.rounds import RATES, spread
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
+from suite.records.schema import Record, metrics_of
 from suite.records.store import all_records, machine_of
 
 
@@ -83,10 +84,6 @@ def _yes_no(x: Any) -> str:
     return "—" if x is None else ("yes" if x else "no")
 
 
-def _metrics(rec: dict | None) -> dict:
-    return (rec or {}).get("metrics") or {}
-
-
 def columns(exp) -> list[Column]:
     """The columns of one section: labels, status, sweep, then per metric ours (its rounds' spread when
     timed in rounds) / paper / ratio to the baseline ours (whether within noise) / paper."""
@@ -113,7 +110,7 @@ def columns(exp) -> list[Column]:
 
 def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
-    metrics = _metrics(rec)
+    metrics = metrics_of(rec)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
     line: list[Any] = [
         cell.row.name,
@@ -132,7 +129,7 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
         if m.paper:
             line.append(paper)
         if m.ratio:
-            base = _metrics(base_rec)
+            base = metrics_of(base_rec)
             b_ours = (
                 _num(base.get(m.key)) if base_rec and measured(base_rec["status"], oom=False) and same_sweep else None
             )
@@ -151,7 +148,7 @@ def measured(status: str, oom: bool = True) -> bool:
     return status == "ok" or (oom and status == "oom") or status.startswith("partial")
 
 
-def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[list[Any]]]:
+def table_rows(exp, cells, records: list[Record | None]) -> tuple[list[str], list[list[Any]]]:
     """Column names and rows of one section; ratios only among rows of the baseline's sweep."""
     base_idx = next((i for i, c in enumerate(cells) if c.row.name == exp.baseline), None)
     base_rec = records[base_idx] if base_idx is not None else None
@@ -163,7 +160,7 @@ def table_rows(exp, cells, records: list[dict | None]) -> tuple[list[str], list[
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit|Expired)\b.*")
 
 
-def reason(rec: dict) -> str:
+def reason(rec: Record) -> str:
     """One line on why a cell did not end `ok`: the exception's own line, else its status."""
     lines = [x.strip() for x in (rec.get("error") or "").strip().splitlines() if x.strip()]
     hits = [x for x in lines if _EXCEPTION_LINE.match(x)]
@@ -195,14 +192,14 @@ def _machine_line(records) -> str:
     fp = next((r["machine"] for r in records if r and isinstance(r.get("machine"), dict)), None)
     if fp and fp.get("cpu"):
         return f"Machine `{fp['slug']}`: {describe(fp)}."
-    prov = next(((r.get("provenance") or {}) for r in records if r and r.get("provenance")), {})
+    prov = next((r["provenance"] for r in records if r and r["provenance"]), {})
     return (
         f"Machine not fingerprinted: these records predate fingerprints; their provenance says "
         f"`{prov.get('device', '?')}`, host `{prov.get('host', '?')}`."
     )
 
 
-def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str]:
+def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, str]:
     """Markdown and CSV text of one section of an experiment's table, with its machine, notes and provenance."""
     cols = columns(exp)
     _, rows = table_rows(exp, cells, records)
@@ -228,7 +225,7 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
     note = _sweep_note(exp, cells, records)
     if note:
         md += [note, ""]
-    if any(spread(_metrics(r), m.key) for r in records for m in exp.metrics):
+    if any(spread(metrics_of(r), m.key) for r in records for m in exp.metrics):
         md += [
             "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
             "row's and the baseline's min-max spreads overlap, so the ratio does not tell them apart.",
@@ -251,7 +248,7 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
         p = rec.get("provenance")
         if p is None:  # never started (not implemented, unavailable here): the machine it was recorded on
             md.append(
-                f"- `{cell.row.name}` [{rec['status']}]: on {(rec.get('machine') or {}).get('slug', '?')}, "
+                f"- `{cell.row.name}` [{rec['status']}]: on {rec.get('machine', {}).get('slug', '?')}, "
                 f"finished {rec.get('finished', '?')}, run `{rec.get('key')}` — {reason(rec)}"
             )
             continue
@@ -259,7 +256,7 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
             f"- `{cell.row.name}` [{rec['status']}]: {p.get('device', '?')}, torch {p.get('torch', '?')}, "
             f"transformers {p.get('transformers', '?')}, commit {str(p.get('commit') or '?')[:10]}"
             f"{' (dirty)' if p.get('dirty') else ''}, cap {p.get('device_memory_cap_gb') or 'none'} GB, "
-            f"threads {p.get('threads', '?')}, memory: {_metrics(rec).get('memory_kind', '—')}, "
+            f"threads {p.get('threads', '?')}, memory: {metrics_of(rec).get('memory_kind', '—')}, "
             f"rounds {rec.get('rounds', 1)}, finished {rec.get('finished', '?')}, run `{rec.get('key')}`"
         )
         if rec["status"] != "ok":
@@ -268,9 +265,9 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
     return "\n".join(md) + "\n", buf.getvalue()
 
 
-def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
+def counted_breakdown(cells, records: list[Record | None]) -> list[str]:
     """Markdown lines splitting each counted record's peaks by role, device and host (none without counts)."""
-    counted = [(c, r) for c, r in zip(cells, records) if r and "device_breakdown" in _metrics(r)]
+    counted = [(c, r) for c, r in zip(cells, records) if r and "device_breakdown" in metrics_of(r)]
     if not counted:
         return []
 
@@ -287,7 +284,7 @@ def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
         "|" + "---|" * len(head),
     ]
     for cell, rec in counted:
-        m = _metrics(rec)
+        m = metrics_of(rec)
         dev, host = m.get("device_breakdown") or {}, m.get("host_breakdown") or {}
         line = [cell.row.name, rec["status"], gb(m.get("device_peak_allocated"))]
         line += [gb(dev.get(k)) for k in ROLES] + [gb(m.get("host_peak_bytes"))]
@@ -295,7 +292,7 @@ def counted_breakdown(cells, records: list[dict | None]) -> list[str]:
         ranks = m.get("counted_ranks") or range(len(m.get("rank_memory", [])))
         line.append(" / ".join(f"{r}: {gb(b)}" for r, b in zip(ranks, m.get("rank_memory", []))))
         md.append("| " + " | ".join(line) + " |")
-    told = next((_metrics(r).get("not_counted") for _, r in counted if _metrics(r).get("not_counted")), None)
+    told = next((metrics_of(r).get("not_counted") for _, r in counted if metrics_of(r).get("not_counted")), None)
     md += ["", f"Not counted, each its own term on a GPU: {told}.", ""] if told else [""]
     return md
 

@@ -154,6 +154,7 @@ def test_without_deepspeed_a_sweep_records_its_rows_and_runs_the_rest(tmp_path, 
     """The GPU image has no DeepSpeed: Table 2's ZeRO rows are recorded not_implemented with the reason, and the
     sweep goes on (counted here, to stay quick)."""
     from suite.core.experiment import get_experiment
+    from suite.core.request import SweepRequest
     from suite.sweep import sweep
 
     real = importlib.util.find_spec
@@ -161,7 +162,10 @@ def test_without_deepspeed_a_sweep_records_its_rows_and_runs_the_rest(tmp_path, 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("table2")
     rows = ["baseline-fp32", "peer-zero-offload-fp32"]
-    records = sweep(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, measure="count")
+    records = sweep(
+        SweepRequest(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", measure="count"),
+        progress=lambda m: None,
+    )
     by_row = {r["row"]: r for r in records}
     assert by_row["baseline-fp32"]["status"] == "ok"
     zero = by_row["peer-zero-offload-fp32"]
@@ -172,12 +176,16 @@ def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_p
     """Table 5's peers at tiny under a count: FSDP2 counted (a fake one-rank group), ZeRO-3 recorded
     not_implemented with the reason, before any process starts (no DeepSpeed needed)."""
     from suite.core.experiment import get_experiment
+    from suite.core.request import SweepRequest
     from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("table5")
     rows = ["peer-fsdp-x1", "peer-zero-infinity-x1"]
-    records = sweep(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None, measure="count")
+    records = sweep(
+        SweepRequest(exp, "tiny", rows, results_dir=tmp_path, wandb_mode="off", measure="count"),
+        progress=lambda m: None,
+    )
     by_row = {r["row"]: r for r in records}
     # without offload in a count, FSDP2 at one rank holds what grad_accum holds: past the 10 MiB cap at 64 samples
     assert by_row["peer-fsdp-x1"]["status"] == "oom", by_row["peer-fsdp-x1"].get("error", "")[-2000:]

@@ -138,17 +138,20 @@ def test_planner_predictions_hold_against_a_measured_run(tmp_path, monkeypatch):
     """Stated bound: worst-stage memory within 10% and throughput within a factor of 2 of a real 2-rank run
     (memory is the deterministic live-bytes tracker; time shares two CPU cores with whatever else runs)."""
     from experiments.planner_check import EXPERIMENT
+    from suite.core.request import SweepRequest
     from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
     monkeypatch.setattr("suite.config.paths.RESULTS_DIR", tmp_path)
     records = sweep(
-        EXPERIMENT,
-        profile="tiny",
-        only=["flush-d2-b4"],
-        overrides=["steps=4"],
-        results_dir=tmp_path,
-        wandb_mode="off",
+        SweepRequest(
+            EXPERIMENT,
+            profile="tiny",
+            only=["flush-d2-b4"],
+            overrides=["steps=4"],
+            results_dir=tmp_path,
+            wandb_mode="off",
+        ),
         progress=lambda m: None,
     )
     (rec,) = records

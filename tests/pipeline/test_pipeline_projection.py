@@ -15,6 +15,7 @@ from methods.pipeline.planner.projection import (
 )
 from suite.core import cell as cell_mod
 from suite.core import runner
+from suite.core.request import SweepRequest
 from suite.sweep import sweep
 
 
@@ -121,7 +122,8 @@ def test_sweep_writes_table_and_figure(tmp_path, monkeypatch):
     for exp in (fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw):
         only = [n for n, c in _cells(exp).items() if c.kind == "projected"]
         records = sweep(
-            exp.EXPERIMENT, "tiny", only=only, wandb_mode="off", results_dir=tmp_path, progress=lambda *_: None
+            SweepRequest(exp.EXPERIMENT, "tiny", only=only, wandb_mode="off", results_dir=tmp_path),
+            progress=lambda *_: None,
         )
         assert all(r["status"] in ("ok", "oom") for r in records)
         assert (tmp_path / f"{exp.EXPERIMENT.name}.md").exists()

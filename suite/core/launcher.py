@@ -1,0 +1,127 @@
+"""Starts a cell's processes: one, or torchrun's ranks on this machine or this node's share of several, each in
+a session of its own that dies with the runner; returns the record the cell wrote or the status it gets without one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from suite.config import paths
+from suite.config.launch import Nodes, torchrun_command
+from suite.core import registry
+from suite.core.experiment import Cell
+from suite.core.kinds import kind
+from suite.core.nodes import Coordinator
+from suite.records.schema import Outcome
+
+
+def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv_id: str | None) -> list[str]:
+    guard = [sys.executable, "-m", "suite.core.orphans", str(os.getpid())]  # dies with this runner
+    if world > 1:  # this machine's ranks, or this node's share of them (node 0's sweep holds the rendezvous store)
+        return guard + torchrun_command(world, "suite.core.cell", [cfg_path, out_path], nodes, rdzv_id, store_held=True)
+    return guard + [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
+
+
+def world_of(cell: Cell) -> int:
+    """How many ranks the cell runs on (through torchrun when more than one); a count takes every rank in one."""
+    if kind(cell.kind).one_process:
+        return 1
+    return registry.get(cell.run.method).world_size(cell.run) if registry.is_registered(cell.run.method) else 1
+
+
+def run_cell(cell: Cell, timeout: float | None = None) -> Outcome:
+    """Run one cell in a subprocess on this machine; returns its record with exactly one status."""
+    record, failure = launch(cell.resolved(), world_of(cell), cell.timeout if timeout is None else timeout)
+    return record or failure
+
+
+def launch(
+    payload: dict, world: int, timeout: float, nodes: Nodes | None = None, rdzv_id: str | None = None
+) -> tuple[Outcome | None, Outcome]:
+    """Run the cell `payload` (Cell.resolved()) on `world` ranks, this node's share of them when `nodes` spans
+    several. Returns (rank 0's record if it was written on this node, else None; the record the cell gets
+    without it: `timeout`, `oom` when the kernel killed it, or an error with the log's tail)."""
+    with tempfile.TemporaryDirectory(prefix="suite-cell-") as tmp:
+        cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
+        with open(cfg_path, "w") as f:
+            json.dump(payload, f, default=str)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [paths.ROOT, os.environ.get("PYTHONPATH")]))}
+        # One OpenMP team per core across this machine's ranks: oversubscribed teams spin and can make a
+        # small CPU step tens of times slower. An explicit OMP_NUM_THREADS wins.
+        here = nodes.ranks_per_node(world) if nodes is not None and world > 1 else world
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // here)))
+        with open(log_path, "w") as log:
+            # A new session so that a timeout kills the cell and every rank it started.
+            proc = subprocess.Popen(
+                _command(world, cfg_path, out_path, nodes, rdzv_id),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=paths.ROOT,
+                start_new_session=True,
+            )
+            status = None
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+            except KeyboardInterrupt:
+                status = "error: interrupted"
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        log_tail = Path(log_path).read_text(errors="replace")[-4000:]
+        if status is None and os.path.exists(out_path):
+            with open(out_path) as f:
+                return json.load(f), {}
+        if status is None:
+            status = f"error: cell process exited with code {proc.returncode} without a record"
+            if proc.returncode and proc.returncode < 0 and -proc.returncode == signal.SIGKILL:
+                status = "oom"  # killed by the kernel's OOM killer
+        return None, {"status": status, "metrics": {}, "error": log_tail, "provenance": None}
+
+
+def run_cell_on_nodes(cell: Cell, timeout: float | None, coord: Coordinator, sweep_id: str, tag: str) -> Outcome:
+    """Node 0's side of a multi-rank cell across nodes: post the launch, run this node's ranks, and take rank 0's
+    record from this node or from the node that got it."""
+    nodes, world = coord.nodes, world_of(cell)
+    timeout = cell.timeout if timeout is None else timeout
+    payload, rdzv_id = cell.resolved(), f"{nodes.rdzv_id}-{sweep_id}-{coord.posted}"
+    n = coord.post({"payload": payload, "world": world, "timeout": timeout, "rdzv_id": rdzv_id, "tag": tag})
+    started = time.monotonic()
+    record, failure = launch(payload, world, timeout, nodes, rdzv_id)
+    where = 0
+    if record is None and failure["status"] not in ("timeout", "error: interrupted"):
+        # Rank 0 ran on another node (or failed): its node reports when its own agent is done.
+        got = coord.record(n, timeout - (time.monotonic() - started) + 30)
+        if got is not None:
+            where, record = got
+    if record is None:
+        return failure
+    return {**record, "rank0_node": where}
+
+
+def follow(nodes: Nodes, progress=print) -> None:
+    """A node other than 0: run this node's ranks of every launch node 0 posts, send back rank 0's record when it
+    ran here, and write nothing (node 0 writes the records)."""
+    coord = Coordinator.join(nodes)
+    progress(
+        f"node {nodes.node_rank} of {nodes.nnodes}: following node 0 at {nodes.endpoint} (node 0 writes the records)"
+    )
+    for n, job in coord.launches():
+        progress(f"{job['tag']}: running this node's {nodes.ranks_per_node(job['world'])} rank(s) ...")
+        started = time.time()
+        record, failure = launch(job["payload"], job["world"], job["timeout"], nodes, job["rdzv_id"])
+        coord.report(n, record)
+        outcome = "rank 0 ran here, its record sent to node 0" if record else failure["status"].splitlines()[0]
+        if record is None and failure["status"].startswith("error: cell process exited with code 0"):
+            outcome = "done (rank 0 ran on another node)"
+        progress(f"{job['tag']}: {outcome} in {time.time() - started:.1f}s")
+    progress(f"node {nodes.node_rank}: node 0 ended the sweep")

@@ -1,0 +1,124 @@
+"""A sweep's plan, made before anything runs: its cells, and of them which are reused, which are recorded without
+running and why, which resume measured rounds, and which run."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from suite.config.errors import ConfigError
+from suite.core import registry
+from suite.core.cell import check_cells
+from suite.core.experiment import Cell
+from suite.core.kinds import is_timed
+from suite.core.launcher import world_of
+from suite.core.request import SweepRequest
+from suite.core.rounds import resumable
+from suite.measure.step import METHODOLOGY_VERSION
+from suite.records import store
+from suite.records.schema import Outcome, Record
+
+COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
+
+
+def counted(cells: list[Cell]) -> list[Cell]:
+    """The cells as `count` cells: memory counted on fake tensors, one round each, their own cache keys. A
+    projected pipeline row becomes a count of the method itself, each stage as its own rank would hold it; a
+    projection of a system no method runs (inter-layer MP) has no count and is left out; a projection's search
+    for the largest model becomes a search over counts (`count-search`, in the pipeline planner)."""
+    wrong = sorted({c.kind for c in cells if not is_timed(c.kind) and c.kind != COUNTABLE})
+    if wrong:
+        raise ConfigError(
+            f"--measure count counts the memory of a method's step; this experiment's {wrong} cells cannot be "
+            "counted (accepted: experiments of throughput or projected cells, e.g. table2-table6, 2bw-fig7)"
+        )
+    out = []
+    for c in cells:
+        run = c.run
+        if c.kind == COUNTABLE:
+            options = {k: v for k, v in run.options.items() if k != "projection"}
+            if run.options.get("projection", {}).get("method") not in (None, run.method):
+                continue
+            if run.options["projection"].get("search") == "max_layers":  # the largest model that fits: counts decide
+                run = dataclasses.replace(run, options={**run.options, "executor": "dist"})
+                out.append(dataclasses.replace(c, run=run, kind="count-search", timeout=max(c.timeout, 1800.0)))
+                continue
+            run = dataclasses.replace(run, options={**options, "executor": "dist"})
+        out.append(dataclasses.replace(c, run=run, kind="count", timeout=max(c.timeout, 900.0)))
+    return out
+
+
+def expand(req: SweepRequest) -> list[Cell]:
+    """The request's cells (as counts when it counts), every method constraint checked before any process starts;
+    across nodes, every multi-rank cell must split evenly over them."""
+    exp = req.experiment
+    if req.measure == "count":
+        cells = counted(exp.cells(req.profile, req.only, req.overrides, req.device_memory, counting=True))
+    else:
+        cells = exp.cells(req.profile, req.only, req.overrides, req.device_memory)
+    check_cells(cells)
+    if not req.nodes.multi:
+        return cells
+    for c in cells:
+        if world_of(c) > 1:
+            req.nodes.ranks_per_node(world_of(c), f"{c.experiment}/{c.row.name}: ")
+    return [dataclasses.replace(c, nnodes=req.nodes.nnodes) for c in cells]
+
+
+def new_sweep_id() -> str:
+    """A sweep's id: when it started and a random tail (two sweeps in one second still differ)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def not_run_reason(cell: Cell, measure: str) -> str | None:
+    """Why `cell` is recorded `not_implemented` without running: its row's method not registered yet, the
+    method's library missing here, or a count it cannot take; None when it runs."""
+    if not registry.is_registered(cell.row.method):
+        return f"method {cell.row.method!r} is not registered yet"
+    cls = registry.get(cell.run.method)
+    if (why := cls.unavailable()) is not None:
+        return f"unavailable here: {why}"
+    return f"not counted: {cls.uncounted}" if measure == "count" and cls.uncounted else None
+
+
+@dataclass
+class Plan:
+    """What a sweep does with each of its cells, in their order."""
+
+    cells: list[Cell]
+    sweep: str  # the sweep's id: a new one, or the one a resumed partial record began in
+    tags: dict[str, str] = field(default_factory=dict)  # how progress lines name each cell
+    reused: dict[str, Record] = field(default_factory=dict)  # finished on this machine: kept as they are
+    not_run: dict[str, str] = field(default_factory=dict)  # recorded `not_implemented`, with why
+    resumed: dict[str, list[Outcome]] = field(default_factory=dict)  # rounds a partial record had measured
+    complete: list[Cell] = field(default_factory=list)  # resumed with every round asked for: finished as they stand
+    todo: list[Cell] = field(default_factory=list)  # to measure (after their resumed rounds)
+
+    def rounds_done(self, cell: Cell) -> list[Outcome]:
+        return self.resumed.setdefault(cell.key, [])
+
+
+def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[[str], None]) -> Plan:
+    """Decide, from this machine's records alone, what becomes of each cell; reports each reused one."""
+    p = Plan(cells, new_sweep_id())
+    for i, cell in enumerate(cells, 1):
+        name = f"{req.experiment.name}/{cell.row.name}"
+        p.tags[cell.key] = f"[{i}/{len(cells)}] {name} ({cell.row.method}, {req.profile})"
+        cached = store.load(req.results_dir, cell.key, machine, warn=progress)
+        kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION)
+        if kept:
+            p.resumed[cell.key] = kept
+            p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
+        if cached and cached["status"] in store.FINISHED and not req.force:
+            progress(f"{p.tags[cell.key]}: {cached['status']} (cached on {machine}, {cell.key})")
+            p.reused[cell.key] = cached
+        elif (why := not_run_reason(cell, req.measure)) is not None:
+            p.not_run[cell.key] = why
+        elif len(kept) >= req.planned_rounds(is_timed(cell.kind)):
+            p.complete.append(cell)
+        else:
+            p.todo.append(cell)
+    return p

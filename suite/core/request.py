@@ -1,0 +1,71 @@
+"""What one sweep is asked to do: built once (by the command line), checked at once, passed down unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from suite.config import paths
+from suite.config.errors import ConfigError
+from suite.config.launch import Nodes
+from suite.core.experiment import Experiment, resolve_profile
+from suite.records import tracking
+
+MEASURES = ("time", "count")
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """One experiment at one profile: which rows (`only`: names or shell patterns), re-run finished cells or not
+    (`force`), a device-memory cap and `--set` overrides, the W&B mode, where records go, seconds per cell
+    (`timeout`, else the experiment's), timing rounds (else the experiment's), a `deadline` (epoch seconds) past
+    which no cell-round starts, the nodes a multi-rank cell spans, and whether memory is measured or counted
+    (`measure`: time | count). Bad values are one-line ConfigErrors when it is made, before anything runs; the
+    defaults are resolved then too ('auto' profile, rounds, W&B mode, results folder)."""
+
+    experiment: Experiment
+    profile: str = "auto"
+    only: tuple[str, ...] | None = None
+    force: bool = False
+    device_memory: str | None = None
+    overrides: tuple[str, ...] | None = None
+    wandb_mode: str | None = None
+    results_dir: Path | None = None
+    timeout: float | None = None
+    rounds: int | None = None
+    deadline: float | None = None
+    nodes: Nodes | None = None
+    measure: str = "time"
+
+    def __post_init__(self):
+        def resolve(field: str, value) -> None:
+            object.__setattr__(self, field, value)
+
+        resolve("results_dir", Path(self.results_dir or paths.RESULTS_DIR))
+        resolve("profile", resolve_profile(self.profile))
+        resolve("only", tuple(self.only) if self.only else None)
+        resolve("overrides", tuple(self.overrides) if self.overrides else None)
+        resolve("rounds", self.experiment.rounds if self.rounds is None else self.rounds)
+        if self.rounds < 1:
+            raise ConfigError(f"--rounds {self.rounds}: give 1 or more timing rounds (3 or more to see the noise)")
+        if self.measure not in MEASURES:
+            raise ConfigError(f"--measure {self.measure!r}: accepted: {', '.join(MEASURES)}")
+        resolve("nodes", (self.nodes or Nodes()).validate())
+        resolve("wandb_mode", tracking.resolve_mode(self.wandb_mode))
+
+    @property
+    def follower(self) -> bool:
+        """A node other than 0 of a sweep across nodes: it runs its share of node 0's launches and writes nothing."""
+        return self.nodes.multi and bool(self.nodes.node_rank)
+
+    @property
+    def variant(self) -> str:
+        """What makes this sweep's runs differ from the experiment's default at its profile (empty for the default)."""
+        parts = ["counted (fake tensors), not measured"] if self.measure == "count" else []
+        parts += [f"device_memory={self.device_memory}"] if self.device_memory else []
+        parts += [f"nnodes={self.nodes.nnodes}"] if self.nodes.nnodes > 1 else []
+        return ", ".join(parts + [f"set {o}" for o in self.overrides or []])
+
+    def planned_rounds(self, kind_timed: bool) -> int:
+        """Rounds a cell takes: the sweep's rounds where its figure is a rate (a timed kind), else one."""
+        return self.rounds if kind_timed else 1

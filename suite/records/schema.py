@@ -1,0 +1,79 @@
+"""The shape of a cell's record, written once: every key, its type and what it means; checked when a record is read."""
+
+# No `from __future__ import annotations` here: TypedDict reads NotRequired from evaluated annotations (3.11 does
+# not from strings).
+import types
+import typing
+from typing import Any, NotRequired, TypedDict
+
+# The schema's version, saved with every record as `schema`; a record without one predates the field (version 1).
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "oom", "timeout", "not_implemented")  # or "error: <message>", "partial: k/n rounds", "pending: ..."
+
+
+class Outcome(TypedDict):
+    """What a cell's process returns (or the runner writes for it): exactly one status, and what it measured."""
+
+    status: str  # one of STATUSES, "error: <type>: <message>", "partial: k/n rounds" or "pending: <why>"
+    metrics: dict[str, Any]  # the cell kind's figures (throughput, memory_gb, step_time_median, score, history, ...)
+    error: NotRequired[str | None]  # the traceback's or the log's tail where the cell failed
+    provenance: dict[str, Any] | None  # suite.measure.provenance: commit, versions, device, cap, methodology
+    duration_s: NotRequired[float]  # wall time of the cell's process, summed over its rounds
+    rounds: NotRequired[int]  # timing rounds measured (the median of their rates is the figure)
+    round_records: NotRequired[list]  # a partial record's measured rounds, kept so that a later call resumes them
+    rank0_node: NotRequired[int]  # across nodes: the node whose rank 0 wrote the outcome
+
+
+class Record(Outcome):
+    """An outcome labelled with its cell, machine and sweep, as saved under results/runs/<machine>/<key>.json."""
+
+    key: str  # the hash of the cell's resolved config: its identity (suite.core.experiment.Cell.key)
+    experiment: str
+    row: str
+    method: str
+    profile: str  # tiny | small | paper
+    device_type: str  # cpu | cuda
+    variant: str  # what differs from the experiment's default run ("" for the default)
+    config: dict[str, Any]  # the cell's resolved config (Cell.resolved())
+    finished: str  # ISO time the record was last written
+    machine: NotRequired[dict[str, Any]]  # suite.measure.machine.fingerprint(); absent in records that predate it
+    sweep: NotRequired[str]  # the sweep it was measured in: ratios are taken within one sweep only
+    wandb_dir: NotRequired[str | None]  # the offline W&B run of the cell, where one was written
+    schema: NotRequired[int]  # SCHEMA_VERSION when written; absent before the field (version 1)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is NotRequired:
+        return _matches(value, typing.get_args(hint)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, origin or hint)
+
+
+def problems(record: Any, shape: type = Record) -> list[str]:
+    """What keeps `record` from matching `shape` (none when it matches): missing keys, wrong types, a newer schema."""
+    if not isinstance(record, dict):
+        return [f"a {type(record).__name__}, not an object"]
+    hints = typing.get_type_hints(shape, include_extras=True)
+    out = [f"no {k!r}" for k in sorted(shape.__required_keys__) if k not in record]
+    out += [
+        f"{k!r} is a {type(record[k]).__name__}"
+        for k, hint in hints.items()
+        if k in record and not _matches(record[k], hint)
+    ]
+    if isinstance(record.get("schema"), int) and record["schema"] > SCHEMA_VERSION:
+        out.append(f"schema {record['schema']} is newer than this suite's {SCHEMA_VERSION}")
+    return out
+
+
+def metrics_of(record: Record | None) -> dict[str, Any]:
+    """A row's metrics, or none where the row has no record (not run on that machine)."""
+    return record["metrics"] if record is not None else {}

@@ -1,0 +1,66 @@
+"""The record schema: every committed record matches it; the store stamps its version and refuses a mismatch."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from suite.config import paths
+from suite.records import store
+from suite.records.schema import SCHEMA_VERSION, Outcome, Record, problems
+
+GOOD = {
+    "status": "ok",
+    "metrics": {"throughput": 10.0},
+    "error": None,
+    "provenance": {"methodology": "m"},
+    "key": "k",
+    "experiment": "e",
+    "row": "r",
+    "method": "grad_accum",
+    "profile": "tiny",
+    "device_type": "cpu",
+    "variant": "",
+    "config": {},
+    "finished": "2026-11-25T00:00:00+00:00",
+    "sweep": "s",
+    "duration_s": 3,  # a whole number of seconds is a float too
+}
+
+
+def test_every_committed_record_matches_the_schema():
+    found = list((Path(paths.ROOT) / "results").glob("runs/**/*.json"))
+    assert found, "no committed records found"
+    bad = {str(p): problems(json.loads(p.read_text())) for p in found}
+    assert not {p: w for p, w in bad.items() if w}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"metrics": None}, "'metrics' is a NoneType"),
+        ({"status": 3}, "'status' is a int"),
+        ({"sweep": ["s"]}, "'sweep' is a list"),
+        ({"schema": SCHEMA_VERSION + 1}, "newer than"),
+    ],
+)
+def test_a_record_that_does_not_match_gets_one_warning_naming_its_file(tmp_path, change, words):
+    assert problems(GOOD) == []
+    path = store.run_path(tmp_path, "k", "m")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**GOOD, **change}))
+    seen = []
+    assert store.load(tmp_path, "k", "m", warn=seen.append) is None
+    (line,) = seen
+    assert str(path) in line and words in line and "record schema" in line and "\n" not in line
+
+
+def test_a_missing_key_is_named_and_optional_ones_may_be_absent():
+    assert problems({k: v for k, v in GOOD.items() if k != "row"}) == ["no 'row'"]
+    assert problems({"status": "timeout", "metrics": {}, "provenance": None}, Outcome) == []
+    assert "sweep" in Record.__optional_keys__ and "metrics" in Record.__required_keys__
+
+
+def test_saved_records_carry_the_schema_version(tmp_path):
+    store.save(tmp_path, "k", "m", dict(GOOD))
+    assert store.load(tmp_path, "k", "m")["schema"] == SCHEMA_VERSION
