@@ -14,6 +14,13 @@ from suite.report.reading import Where, read
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_the_readme_block_is_what_the_records_give():
+    """The committed block equals the renderer's output from the committed records: it cannot drift. After new
+    records, `python -m suite render` rewrites it."""
+    readme = (ROOT / "README.md").read_text()
+    assert claims.committed_block(readme) == claims.block(ROOT / "results")
+
+
 def test_every_claim_names_its_machine_and_links_its_table():
     table = claims.render(claims.load_claims(), ROOT / "results")
     for line in table.splitlines()[2:]:
