@@ -79,7 +79,7 @@ bench-host-optim: $(STAMP)
 	$(PY) -m experiments.benchmarks.host_optim $(RUN_FLAGS)
 	$(PY) -m experiments.benchmarks.l2l_host_step
 
-# The GPU campaign (README "Running on a GPU"): STAGE=1|2|3|all, each stage one command of at most 9 minutes
+# The GPU campaign (docs/gpu-campaign.md): STAGE=1|2|3|all, each stage one command of at most 9 minutes
 # that resumes where the last call stopped. It runs on the machine's own Python and torch (CUDA): nothing is
 # installed there. DRY=1 is its CPU rehearsal at tiny shapes, in this project's virtual environment.
 STAGE ?= all
@@ -126,7 +126,7 @@ plan: $(STAMP)
 2bw-fig7 2bw-fig9: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(RUN_FLAGS)
 
-# Every counted paper-scale table (README "Counting memory at the papers' scale"): memory counted on fake
+# Every counted paper-scale table (docs/counting.md): memory counted on fake
 # tensors, on any machine, in one command. Table 6 counts the paper's 17B model (its other row is the widest
 # model this host could run, a measurement's question). Figure 7 counts GPT-2.2B on 8 stages with recomputation at
 # batch 16 for the three schedules (the paper's order) and GPipe at batch 64 (the paper's out-of-memory case); the

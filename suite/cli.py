@@ -82,6 +82,13 @@ def _render(args) -> int:
     names = args.experiments or sorted(all_experiments())
     for exp in [get_experiment(n) for n in names]:  # every name checked before anything is written
         render(exp)
+    if not args.experiments:  # every table rendered: the README's claims at a glance too
+        from suite.config import paths
+        from suite.report import claims
+
+        readme = claims.write_readme(paths.RESULTS_DIR)
+        if readme is not None:
+            print(f"wrote the claims table of {readme}")
     return 0
 
 
@@ -233,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _node_options(r, node_rank=True)
     r.set_defaults(fn=_run)
-    rd = sub.add_parser("render", help="rewrite tables and figures from the records alone (nothing runs)")
+    rd = sub.add_parser(
+        "render", help="rewrite tables and figures (all: and the README's claims table) from the records alone"
+    )
     rd.add_argument("experiments", nargs="*", metavar="EXPERIMENT", help="experiment names (default: every one)")
     rd.set_defaults(fn=_render)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")

@@ -34,7 +34,7 @@ def _cpu_tag() -> str:
 @functools.cache
 def kernel():
     """The compiled module (`lamb_step`), or None where it cannot be built (the caller falls back to foreach
-    LAMB). SUITE_FUSED_LAMB=0 turns it off; =require makes a failed build an error (the README's setup)."""
+    LAMB). SUITE_FUSED_LAMB=0 turns it off; =require makes a failed build an error (docs/host-optimizer.md)."""
     mode = os.environ.get("SUITE_FUSED_LAMB", "1")
     if mode not in ("0", "1", "require"):
         warnings.warn(f"SUITE_FUSED_LAMB={mode!r} is not one of 0, 1, require; taken as 1", stacklevel=2)

@@ -89,5 +89,5 @@ class GPT2Family:
 
     def gradient_free(self, hf) -> set[str]:
         """None as whole tensors: the key bias is the middle third of the fused c_attn.bias, whose query
-        and value thirds have real gradients, so the tensor stays gated (see the README)."""
+        and value thirds have real gradients, so the tensor stays gated (docs/model-families.md)."""
         return set()

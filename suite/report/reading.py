@@ -1,0 +1,65 @@
+"""One section of an experiment's table, read for a claim: its rows as the table shows them, and their records."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from suite.core.experiment import get_experiment
+from suite.report import tables
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which section of which table: the experiment, its profile, the machine (its slug), counted or measured."""
+
+    experiment: str
+    profile: str
+    machine: str
+    counted: bool = False
+
+    def label(self) -> str:
+        return f"`{self.machine}`, {self.profile}, {'counted' if self.counted else 'measured'}"
+
+    def matches(self, title: str) -> bool:
+        """Whether a section title of `tables.sections` is this one."""
+        head = f"{self.profile} profile on {self.machine} ("
+        return title.startswith(head) and ("counted (fake tensors)" in title) == self.counted
+
+
+@dataclass
+class Reading:
+    """The rows of one section: each row's values by column name, as `tables.table_rows` gives them."""
+
+    where: Where
+    rows: dict[str, dict[str, Any]]
+    records: dict[str, dict | None]
+
+    def status(self, row: str) -> str:
+        return str(self.rows[row]["status"]) if row in self.rows else "not in the table"
+
+    def value(self, row: str, column: str) -> float | None:
+        """A row's figure in `column`, or None where it has none (not run, out of memory, not a number)."""
+        x = self.rows.get(row, {}).get(column)
+        return x if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)) else None
+
+    def ratio(self, row: str, base: str, column: str) -> float | None:
+        """`row` over `base` in `column`, only where both come from one sweep (never across sweeps)."""
+        a, b = self.value(row, column), self.value(base, column)
+        if a is None or not b or self.rows[row].get("sweep") != self.rows[base].get("sweep"):
+            return None
+        return a / b
+
+
+def read(where: Where, results_dir: Path) -> Reading | None:
+    """The section `where` of its experiment's table, from the records under `results_dir`; None if it has none."""
+    exp = get_experiment(where.experiment)
+    for title, cells, records in tables.sections(exp, results_dir, warn=lambda _: None):
+        if not where.matches(title):
+            continue
+        names, rows = tables.table_rows(exp, cells, records)
+        by_row = {r[0]: dict(zip(names, r)) for r in rows}
+        return Reading(where, by_row, {c.row.name: rec for c, rec in zip(cells, records)})
+    return None
