@@ -47,7 +47,7 @@ def test_write_readme_needs_the_markers(tmp_path):
 
 
 def _fake(results: Path, machine: str, row: str, status: str, gb: float | None, sweep: str = "s1") -> None:
-    """One table5 record at `paper` on `machine`, as the store keeps it."""
+    """One table5 record at `paper` on `machine`, as the store keeps it (suite/records/schema.py)."""
     exp = get_experiment("table5")
     method = next(r.method for r in exp.rows("paper") if r.name == row)
     rec = {
@@ -62,6 +62,10 @@ def _fake(results: Path, machine: str, row: str, status: str, gb: float | None, 
         "key": row,
         "config": {"run": RunConfig(method=method).to_dict()},
         "metrics": {} if gb is None else {"memory_gb": gb},
+        "method": method,
+        "variant": "",
+        "error": None,
+        "provenance": None,
     }
     path = results / "runs" / machine / f"{row}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from suite.core.experiment import get_experiment
+from suite.records.schema import Record
 from suite.report import tables
 
 
@@ -35,7 +36,7 @@ class Reading:
 
     where: Where
     rows: dict[str, dict[str, Any]]
-    records: dict[str, dict | None]
+    records: dict[str, Record | None]
 
     def status(self, row: str) -> str:
         return str(self.rows[row]["status"]) if row in self.rows else "not in the table"
