@@ -166,6 +166,11 @@ def load_all() -> None:
         pkg = importlib.import_module(pkg_name)
         for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
             importlib.import_module(info.name)
+    load_plugins()
+
+
+def load_plugins() -> None:
+    """Import the modules SUITE_PLUGINS names (comma-separated), whose methods register themselves."""
     for mod in filter(None, os.environ.get("SUITE_PLUGINS", "").split(",")):
         importlib.import_module(mod.strip())
 
