@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from suite.core.check import relative_error
+from suite.records.schema import Record, metrics_of
 
 # (reference row, compared row, what bounds their difference)
 PAIRS = (
@@ -17,15 +18,15 @@ PAIRS = (
 )
 
 
-def _weights(results_dir: Path, rec: dict) -> dict[str, torch.Tensor] | None:
-    path = (rec.get("metrics") or {}).get("final_weights")
+def _weights(results_dir: Path, rec: Record) -> dict[str, torch.Tensor] | None:
+    path = rec["metrics"].get("final_weights")
     if not path:
         return None
     path = Path(results_dir) / path  # an absolute path stays as it is
     return torch.load(path, weights_only=True) if path.exists() else None
 
 
-def compare(results_dir: Path, ref: dict, other: dict, store: dict | None = None) -> dict:
+def compare(results_dir: Path, ref: Record, other: Record, store: dict | None = None) -> dict:
     """Largest |difference| of dev scores (final and along the curve, in points) and of the final weights. The
     weights' figures go into `store` under the two weights' digests, and come from it where the weights files
     are gone (results/.cache/ stays on the machine that trained; the store is committed)."""
@@ -64,7 +65,7 @@ def compare(results_dir: Path, ref: dict, other: dict, store: dict | None = None
     wa, wb = _weights(results_dir, ref), _weights(results_dir, other)
     if wa is not None and wb is not None and wa.keys() == wb.keys():
         out["weight_abs"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
-        family = ((ref.get("config") or {}).get("run") or {}).get("model", {}).get("family", "bert")
+        family = ref["config"].get("run", {}).get("model", {}).get("family", "bert")
         gated = sorted(set(wa) - _gradient_free(family, wa))
         name = max(gated, key=lambda k: relative_error(wb[k], wa[k]))
         out["weight_rel"], out["weight_rel_name"] = relative_error(wb[name], wa[name]), name
@@ -100,14 +101,14 @@ def _gradient_free(family: str, names) -> set[str]:
 SEED_ROWS = ("baseline-fp32", "baseline-fp32-s1", "baseline-fp32-s2")  # the seed-to-seed spread (table7.SEEDS)
 
 
-def verdict(by_name: dict[str, dict], task: str) -> dict:
+def verdict(by_name: dict[str, Record], task: str) -> dict:
     """The paper's claim for one task, from its records' final dev scores (`score`, the task's metric): L2L FP32
     within the seed-to-seed spread (max - min of the FP32 baseline over its seeds) of the same-seed baseline, and
     L2L-CMP within that spread of AMP. A verdict needs every seed row; a pair, both rows."""
 
     def score(row: str):
         rec = by_name.get(f"{task}-{row}")
-        value = (rec or {}).get("metrics", {}).get("score") if (rec or {}).get("status") == "ok" else None
+        value = metrics_of(rec).get("score") if rec is not None and rec["status"] == "ok" else None
         return value if _finite(value) else None
 
     seeds = [score(r) for r in SEED_ROWS]

@@ -124,6 +124,7 @@ def _record(tmp_path, name, weights, curve):
             "final_weights": path.name,
             "final_weights_digest": name,
         },
+        "config": {"run": {}},  # a record's resolved config (the model family defaults to BERT)
     }
 
 
