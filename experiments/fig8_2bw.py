@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from experiments import pipedream_figs as pf
 from suite.core.experiment import Metric
+from suite.report import plots
 
 MEASURED = ((2, 2), (2, 8))  # (d, b) on 2 ranks
 MEASURED_BATCHES = (16, 32, 64)
@@ -77,8 +78,7 @@ def figure(exp, results_dir):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(exp.title + "\npaper: throughput rises with batch; at d=8, b=32 beats the smaller b", fontsize=9)
-    fig.tight_layout()
-    return [pf.save(fig, exp, results_dir)]
+    return [plots.save(fig, results_dir, exp.name)]
 
 
 EXPERIMENT = pf.FigureExperiment(

@@ -8,6 +8,7 @@ from experiments import pipedream_figs as pf
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 from suite.core.experiment import Metric
+from suite.report import plots
 
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)
 # Rule: GPT with hidden 4096 and 32 heads (sequence 512, vocab 51200) grows by whole blocks; 2BW with
@@ -176,8 +177,7 @@ def figure(exp, results_dir):
     caps = sorted({c.row.labels["cap"] for c in cells if c.row.labels["source"] == "measured profile"})
     ax.set_title(f"measured: 2 ranks under a {', '.join(caps)} cap", fontsize=9)
     fig.suptitle(exp.title, fontsize=9)
-    fig.tight_layout()
-    return [pf.save(fig, exp, results_dir)]
+    return [plots.save(fig, results_dir, exp.name)]
 
 
 EXPERIMENT = pf.FigureExperiment(

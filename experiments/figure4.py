@@ -3,7 +3,6 @@ drawn from each run's history (the rows its W&B run logged), with the training l
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from suite.tasks import metrics
@@ -36,12 +35,9 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
 
 def draw(exp, results_dir: Path) -> list[Path]:
     """One figure per profile/device section with curves: a column per task, FP32 above 16-bit."""
-    import matplotlib
+    from suite.report import plots, tables
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from suite.report import tables
+    plt = plots.pyplot()
 
     paths = []
     for title, cells, records in tables.sections(exp, Path(results_dir)):
@@ -73,11 +69,5 @@ def draw(exp, results_dir: Path) -> list[Path]:
             if loss.get_lines():
                 loss.legend(fontsize=6)
         fig.suptitle(f"Figure 4: validation curves, {title}", fontsize=10)
-        fig.tight_layout()
-        slug = re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
-        out = Path(results_dir) / "figures" / f"figure4_{slug}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
-        paths.append(out)
+        paths.append(plots.save(fig, results_dir, f"figure4_{plots.slug(title)}", dpi=110))
     return paths

@@ -10,6 +10,7 @@ from typing import Any
 import methods.pipeline.planner.largest  # noqa: F401  registers the `count-search` cell kind in the cell process
 import methods.pipeline.planner.projection  # noqa: F401  registers the `projected` cell kind in the cell process
 from suite.core.experiment import Experiment, Row
+from suite.report import plots
 
 # The paper's GPT models as (blocks, hidden, heads): our assumption, chosen to match the parameter counts
 # with untied input and output embeddings (vocab 51200, sequence 512): 1.42B (GPT-3 XL's shape, 1.3B with
@@ -210,15 +211,10 @@ def latest_section(exp, results_dir: Path):
 def panels(exp, results_dir: Path, ncols: int, size: tuple[float, float]):
     """(cells, records, fig, axes) of the newest section with records, a headless figure of `ncols` panels;
     None when there is nothing to draw."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless; never opens a window
-    import matplotlib.pyplot as plt
-
     cells, records = latest_section(exp, results_dir)
     if not cells:
         return None
-    fig, axes = plt.subplots(1, ncols, figsize=size, squeeze=False)
+    fig, axes = plots.pyplot().subplots(1, ncols, figsize=size, squeeze=False)
     return cells, records, fig, axes
 
 
@@ -286,19 +282,8 @@ def grouped_bars(
         ax.set_title(f"{src}" + (f" (bar labels: x {relative_to})" if relative_to else ""), fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(exp.title + (f"\npaper: {paper}" if paper else ""), fontsize=9, wrap=True)
-    fig.tight_layout()
-    return [save(fig, exp, results_dir)]
+    return [plots.save(fig, results_dir, exp.name)]
 
 
 def _group(cell, groups) -> str:
     return ", ".join(f"{g} {cell.row.labels.get(g)}" if g != "model" else str(cell.row.labels.get(g)) for g in groups)
-
-
-def save(fig, exp, results_dir: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    out = Path(results_dir) / "figures" / f"{exp.name}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out

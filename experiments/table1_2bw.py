@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -135,12 +134,9 @@ def rows(profile: str) -> list[Row]:
 
 def figure(exp, results_dir: Path) -> list[Path]:
     """Per section, BERT and GPT-2 panels: vanilla and 2BW training and validation loss (the paper's Figure 5)."""
-    import matplotlib
+    from suite.report import plots, tables
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from suite.report import tables
+    plt = plots.pyplot()
 
     paths = []
     for title, cells, records in tables.sections(exp, Path(results_dir)):
@@ -178,13 +174,7 @@ def figure(exp, results_dir: Path) -> list[Path]:
             if ax.get_lines():
                 ax.legend(fontsize=7)
         fig.suptitle(f"2BW Table 1 / Figure 5: vanilla vs 2BW loss, {title}", fontsize=10)
-        fig.tight_layout()
-        slug = re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
-        out = Path(results_dir) / "figures" / f"2bw-table1_{slug}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
-        paths.append(out)
+        paths.append(plots.save(fig, results_dir, f"2bw-table1_{plots.slug(title)}", dpi=110))
     return paths
 
 

@@ -63,17 +63,12 @@ def rows(profile: str) -> list[Row]:
 
 def target_figure(exp, results_dir: Path) -> list[Path]:
     """Per #uBatches, L2L-CMP throughput over AMP's at the same batch, one bar per profile/device, the target drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from suite.report import tables
+    from suite.report import plots, tables
 
     secs = tables.sections(exp, Path(results_dir))
     if not secs:
         return []
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plots.pyplot().subplots(figsize=(6, 3.6))
     width = 0.8 / len(secs)
     for k, (title, cells, records) in enumerate(secs):
         got = {
@@ -91,12 +86,7 @@ def target_figure(exp, results_dir: Path) -> list[Path]:
     ax.set_ylabel("L2L-CMP / AMP with recompute, same batch")
     ax.legend(fontsize=7)
     ax.set_title("Table 3: L2L-CMP against AMP recomputing per layer (whole model on the device)", fontsize=9)
-    fig.tight_layout()
-    out = Path(results_dir) / "figures" / "table3_vs_amp.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return [out]
+    return [plots.save(fig, results_dir, "table3_vs_amp")]
 
 
 EXPERIMENT = Experiment(

@@ -92,19 +92,14 @@ def rows(profile: str) -> list[Row]:
 
 def depth_figure(exp, results_dir: Path) -> list[Path]:
     """Memory against depth per profile/device, one line per method, OOM cells marked at the cap; the paper's beside."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from suite.config.sizes import parse_size
-    from suite.report import tables
+    from suite.report import plots, tables
 
     secs = tables.sections(exp, Path(results_dir))
     if not secs:
         return []
     panels = [("paper (V100-16GB, GB)", None)] + [(title, (cells, records)) for title, cells, records in secs]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    fig, axes = plots.pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     for ax, (title, sec) in zip(axes[0], panels):
         for k, (name, _, _, label) in enumerate(VARIANTS):
             color = f"C{k}"
@@ -139,12 +134,7 @@ def depth_figure(exp, results_dir: Path) -> list[Path]:
         ax.set_title(title, fontsize=8)
         ax.legend(fontsize=6)
     fig.suptitle("Table 5: device memory against depth (x = out of memory at the cap, dashed)", fontsize=9)
-    fig.tight_layout()
-    out = Path(results_dir) / "figures" / "table5_memory_vs_depth.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return [out]
+    return [plots.save(fig, results_dir, "table5_memory_vs_depth")]
 
 
 EXPERIMENT = Experiment(

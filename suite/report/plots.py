@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
-def ratio_bars(exp, results_dir: Path) -> list[Path]:
-    """Per metric, each row's ratio to the baseline row: ours (one bar per profile/device) beside the paper's."""
+def pyplot():
+    """matplotlib's pyplot on the headless Agg backend (a figure never opens a window)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save(fig, results_dir, name: str, dpi: int = 120) -> Path:
+    """Lay `fig` out, write it as results_dir/figures/<name>.png at `dpi` and close it; returns the path."""
+    fig.tight_layout()
+    out = Path(results_dir) / "figures" / f"{name}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    pyplot().close(fig)
+    return out
+
+
+def slug(title: str) -> str:
+    """A section's title as part of a file name: lower case, every other run of characters one underscore."""
+    return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
+
+
+def ratio_bars(exp, results_dir: Path) -> list[Path]:
+    """Per metric, each row's ratio to the baseline row: ours (one bar per profile/device) beside the paper's."""
     from suite.report import tables
+
+    plt = pyplot()
 
     secs = tables.sections(exp, results_dir)
     if not secs:
@@ -37,9 +60,4 @@ def ratio_bars(exp, results_dir: Path) -> list[Path]:
         ax.set_ylabel(f"{metric.label} / {exp.baseline}")
         ax.legend(fontsize=7)
     fig.suptitle(exp.title, fontsize=10, wrap=True)
-    fig.tight_layout()
-    out = results_dir / "figures" / f"{exp.name}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return [out]
+    return [save(fig, results_dir, exp.name)]
