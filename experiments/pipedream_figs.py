@@ -208,14 +208,19 @@ def latest_section(exp, results_dir: Path):
     return (secs[0][1], secs[0][2]) if secs else ([], [])
 
 
-def panels(exp, results_dir: Path, ncols: int, size: tuple[float, float]):
-    """(cells, records, fig, axes) of the newest section with records, a headless figure of `ncols` panels;
-    None when there is nothing to draw."""
-    cells, records = latest_section(exp, results_dir)
-    if not cells:
-        return None
-    fig, axes = plots.pyplot().subplots(1, ncols, figsize=size, squeeze=False)
-    return cells, records, fig, axes
+def panel_figure(ncols: int, size: tuple[float, float], draw):
+    """An experiment's figure: draw(exp, sections, fig, axes) on `ncols` panels in a row, given the sections with
+    records as plots.figure_of_sections does, saved under the experiment's name."""
+
+    def figure(exp, results_dir: Path) -> list[Path]:
+        def panels(sections):
+            fig, axes = plots.pyplot().subplots(1, ncols, figsize=size, squeeze=False)
+            draw(exp, sections, fig, axes[0])
+            return fig
+
+        return plots.figure_of_sections(exp, results_dir, exp.name, panels)
+
+    return figure
 
 
 def grouped_bars(
@@ -230,12 +235,11 @@ def grouped_bars(
 ) -> list[Path]:
     """Bars of `key` per system, grouped by `groups` labels, one panel per source; OOM bars marked; each bar
     annotated with its ratio to the group's `relative_to` system; the paper's claims under the title."""
-    cells, _ = latest_section(exp, results_dir)
+    cells, records = latest_section(exp, results_dir)
     sources = [s for s in ("measured", "projected") if any(c.row.labels.get("source") == s for c in cells)]
-    drawn = panels(exp, results_dir, len(sources), (7 * len(sources), 4.2)) if sources else None
-    if drawn is None:
+    if not sources:
         return []
-    cells, records, fig, axes = drawn
+    fig, axes = plots.pyplot().subplots(1, len(sources), figsize=(7 * len(sources), 4.2), squeeze=False)
     systems = list(SYSTEM.values())
     palette = ("tab:red", "tab:blue", "tab:green", "tab:gray", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
     colors = dict(zip(systems, palette))
