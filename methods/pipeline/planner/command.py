@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from methods.pipeline.planner import costmodel, predict
-from methods.pipeline.planner.costmodel import Profile
+from methods.pipeline.planner.costs import Profile
+from methods.pipeline.planner.profiling import cached_profile
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.run import RunConfig, apply_overrides
@@ -45,11 +46,11 @@ def _profile(run: RunConfig, device: str, threads: int, refresh: bool) -> Profil
     profile projected from FLOPs. Says which it is."""
     if device == "cpu":
         cache = Path(paths.RESULTS_DIR) / ".cache" / "profiles"
-        prof = costmodel.cached_profile(run, cache, threads=threads, refresh=refresh)
+        prof = cached_profile(run, cache, threads=threads, refresh=refresh)
         links = costmodel.load_links(cache)
-        prof.p2p, prof.all_reduce = links
+        prof.p2p, prof.all_reduce = links.p2p, links.all_reduce
         print(
-            f"profile: {prof.source}; links: p2p {links[0]}, all-reduce {links[1]}"
+            f"profile: {prof.source}; links: p2p {links.p2p}, all-reduce {links.all_reduce}"
             f"{'' if costmodel.links_path(cache).exists() else ' (assumed: run `make planner-check` to calibrate)'}"
         )
         return prof
