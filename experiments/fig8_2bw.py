@@ -54,12 +54,10 @@ def rows(profile: str):
     return out
 
 
-def figure(exp, results_dir):
-    drawn = pf.panels(exp, results_dir, 2, (11, 4))
-    if drawn is None:
-        return []
-    cells, records, fig, axes = drawn
-    for ax, src in zip(axes[0], ("measured", "projected")):
+def draw(exp, sections, fig, axes) -> None:
+    """Throughput against the global batch, a line per (d, b); measured and projected side by side."""
+    _, cells, records = sections[0]
+    for ax, src in zip(axes, ("measured", "projected")):
         for cfg in dict.fromkeys(c.row.labels["config"] for c in cells if c.row.labels["source"] == src):
             pts = [
                 (c.row.labels["batch"], r["metrics"]["throughput"])
@@ -77,8 +75,6 @@ def figure(exp, results_dir):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(exp.title + "\npaper: throughput rises with batch; at d=8, b=32 beats the smaller b", fontsize=9)
-    fig.tight_layout()
-    return [pf.save(fig, exp, results_dir)]
 
 
 EXPERIMENT = pf.FigureExperiment(
@@ -93,7 +89,7 @@ EXPERIMENT = pf.FigureExperiment(
     baseline="measured-d2-b2-B16",
     rows=rows,
     base=pf.base,
-    figure=figure,
+    figure=pf.panel_figure(2, (11, 4), draw),
     notes=(
         pf.ASSUMPTIONS + "Projected rows: 2BW with recomputation, w = 64 / d; a (d, b) needs batch >= d b w "
         "(m >= d), so (8, 32) starts at 2048. Paper (§5.4): throughput rises with the batch (less all-reduce "

@@ -123,16 +123,10 @@ def rows(profile: str):
     return out
 
 
-def figure(exp, results_dir):
-    drawn = pf.panels(exp, results_dir, 2, (11, 4))
-    if drawn is None:
-        return []
-    cells, records, fig, axes = drawn
-    ax = axes[0][0]
-    from suite.report import tables
-
+def draw(exp, sections, fig, axes) -> None:
+    """The largest model against depth (projected and counted), then the measured check under a cap."""
+    ax = axes[0]
     # The planner's and the counts' largest models side by side, whichever sections hold them.
-    sections = tables.sections(exp, results_dir)
     for title, sec_cells, sec_records in sections:
         pts = [
             (c.row.labels["d"], r["metrics"]["max_params_billion"])
@@ -150,11 +144,11 @@ def figure(exp, results_dir):
     ax.set_ylabel("largest model (billion parameters)")
     ax.set_title("64 V100-16GB, 2BW, recompute, b=1, m=d (projected and counted)", fontsize=9)
     ax.legend(fontsize=7)
-    ax = axes[0][1]
+    ax = axes[1]
     # The measured check from the newest section that ran it (a counted section does not).
     cells, records = next(
         ((c, r) for _, c, r in sections if any(rr and cc.row.labels["source"] == "measured" for cc, rr in zip(c, r))),
-        (cells, records),
+        sections[0][1:],
     )
     labels, colors, values = [], [], []
     for c, r in zip(cells, records):
@@ -176,8 +170,6 @@ def figure(exp, results_dir):
     caps = sorted({c.row.labels["cap"] for c in cells if c.row.labels["source"] == "measured profile"})
     ax.set_title(f"measured: 2 ranks under a {', '.join(caps)} cap", fontsize=9)
     fig.suptitle(exp.title, fontsize=9)
-    fig.tight_layout()
-    return [pf.save(fig, exp, results_dir)]
 
 
 EXPERIMENT = pf.FigureExperiment(
@@ -193,7 +185,7 @@ EXPERIMENT = pf.FigureExperiment(
     baseline="projected-d1",
     rows=rows,
     base=pf.base,
-    figure=figure,
+    figure=pf.panel_figure(2, (11, 4), draw),
     notes=(
         pf.ASSUMPTIONS + "Projected rule (ours; the paper does not say how it grew its models): hidden 4096, "
         "32 heads, sequence 512, vocab 51200, whole blocks added until 2BW's worst stage (two weight versions, "

@@ -3,9 +3,9 @@ drawn from each run's history (the rows its W&B run logged), with the training l
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from suite.report import plots
 from suite.tasks import metrics
 from suite.tasks.finetune import timeline
 
@@ -36,48 +36,33 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
 
 def draw(exp, results_dir: Path) -> list[Path]:
     """One figure per profile/device section with curves: a column per task, FP32 above 16-bit."""
-    import matplotlib
+    return plots.figure_per_section(exp, results_dir, "figure4", _section_figure, dpi=110)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from suite.report import tables
-
-    paths = []
-    for title, cells, records in tables.sections(exp, Path(results_dir)):
-        histories = _histories(cells, records)
-        tasks = [t for t in dict.fromkeys(c.row.task for c in cells) if t in histories]
-        if not tasks:
-            continue
-        n = len(PANELS) + 1  # a row of dev curves per precision, the training loss beneath
-        fig, axes = plt.subplots(n, len(tasks), figsize=(3.6 * len(tasks), 2.8 * n), squeeze=False, sharex="col")
-        for col, task in enumerate(tasks):
-            key = f"dev/{metrics.HEADLINE[task]}"
-            for row, (precision, lines) in enumerate(PANELS):
-                ax = axes[row][col]
-                for variant, label, color, style in lines:
-                    rows = histories[task].get(variant)
-                    if rows:
-                        ax.plot(*_series(rows, key), style, color=color, marker="o", ms=3, label=label)
-                        loss = axes[-1][col]
-                        loss.plot(*_series(rows, "train/loss"), style, color=color, lw=0.8, alpha=0.8, label=f"{label}")
-                ax.set_title(f"{task.upper()} {precision}", fontsize=9)
-                ax.set_ylabel(f"{key} (%)", fontsize=8)
-                ax.grid(alpha=0.3)
-                if ax.get_lines():
-                    ax.legend(fontsize=7)
-            loss = axes[-1][col]
-            loss.set_title(f"{task.upper()} training loss", fontsize=9)
-            loss.set_xlabel("epoch", fontsize=8)
-            loss.grid(alpha=0.3)
-            if loss.get_lines():
-                loss.legend(fontsize=6)
-        fig.suptitle(f"Figure 4: validation curves, {title}", fontsize=10)
-        fig.tight_layout()
-        slug = re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
-        out = Path(results_dir) / "figures" / f"figure4_{slug}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
-        paths.append(out)
-    return paths
+def _section_figure(title: str, cells, records):
+    """One section's curves: a column per task, FP32 above 16-bit, the training loss beneath; None without any."""
+    histories = _histories(cells, records)
+    tasks = [t for t in dict.fromkeys(c.row.task for c in cells) if t in histories]
+    if not tasks:
+        return None
+    n = len(PANELS) + 1  # a row of dev curves per precision, the training loss beneath
+    fig, axes = plots.pyplot().subplots(n, len(tasks), figsize=(3.6 * len(tasks), 2.8 * n), squeeze=False, sharex="col")
+    for col, task in enumerate(tasks):
+        key = f"dev/{metrics.HEADLINE[task]}"
+        for row, (precision, lines) in enumerate(PANELS):
+            ax = axes[row][col]
+            for variant, label, color, style in lines:
+                rows = histories[task].get(variant)
+                if rows:
+                    ax.plot(*_series(rows, key), style, color=color, marker="o", ms=3, label=label)
+                    loss = axes[-1][col]
+                    loss.plot(*_series(rows, "train/loss"), style, color=color, lw=0.8, alpha=0.8, label=f"{label}")
+            ax.set_title(f"{task.upper()} {precision}", fontsize=9)
+            ax.set_ylabel(f"{key} (%)", fontsize=8)
+            plots.grid_and_legend(ax, 7)
+        loss = axes[-1][col]
+        loss.set_title(f"{task.upper()} training loss", fontsize=9)
+        loss.set_xlabel("epoch", fontsize=8)
+        plots.grid_and_legend(loss, 6)
+    fig.suptitle(f"Figure 4: validation curves, {title}", fontsize=10)
+    return fig

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from suite.core.experiment import Experiment, Row
+from suite.report import plots
 
 # The paper's GPT models as (blocks, hidden, heads): our assumption, chosen to match the parameter counts
 # with untied input and output embeddings (vocab 51200, sequence 512): 1.42B (GPT-3 XL's shape, 1.3B with
@@ -205,19 +206,19 @@ def latest_section(exp, results_dir: Path):
     return (secs[0][1], secs[0][2]) if secs else ([], [])
 
 
-def panels(exp, results_dir: Path, ncols: int, size: tuple[float, float]):
-    """(cells, records, fig, axes) of the newest section with records, a headless figure of `ncols` panels;
-    None when there is nothing to draw."""
-    import matplotlib
+def panel_figure(ncols: int, size: tuple[float, float], draw):
+    """An experiment's figure: draw(exp, sections, fig, axes) on `ncols` panels in a row, given the sections with
+    records as plots.figure_of_sections does, saved under the experiment's name."""
 
-    matplotlib.use("Agg")  # headless; never opens a window
-    import matplotlib.pyplot as plt
+    def figure(exp, results_dir: Path) -> list[Path]:
+        def panels(sections):
+            fig, axes = plots.pyplot().subplots(1, ncols, figsize=size, squeeze=False)
+            draw(exp, sections, fig, axes[0])
+            return fig
 
-    cells, records = latest_section(exp, results_dir)
-    if not cells:
-        return None
-    fig, axes = plt.subplots(1, ncols, figsize=size, squeeze=False)
-    return cells, records, fig, axes
+        return plots.figure_of_sections(exp, results_dir, exp.name, panels)
+
+    return figure
 
 
 def grouped_bars(
@@ -232,12 +233,11 @@ def grouped_bars(
 ) -> list[Path]:
     """Bars of `key` per system, grouped by `groups` labels, one panel per source; OOM bars marked; each bar
     annotated with its ratio to the group's `relative_to` system; the paper's claims under the title."""
-    cells, _ = latest_section(exp, results_dir)
+    cells, records = latest_section(exp, results_dir)
     sources = [s for s in ("measured", "projected") if any(c.row.labels.get("source") == s for c in cells)]
-    drawn = panels(exp, results_dir, len(sources), (7 * len(sources), 4.2)) if sources else None
-    if drawn is None:
+    if not sources:
         return []
-    cells, records, fig, axes = drawn
+    fig, axes = plots.pyplot().subplots(1, len(sources), figsize=(7 * len(sources), 4.2), squeeze=False)
     systems = list(SYSTEM.values())
     palette = ("tab:red", "tab:blue", "tab:green", "tab:gray", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
     colors = dict(zip(systems, palette))
@@ -284,19 +284,8 @@ def grouped_bars(
         ax.set_title(f"{src}" + (f" (bar labels: x {relative_to})" if relative_to else ""), fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(exp.title + (f"\npaper: {paper}" if paper else ""), fontsize=9, wrap=True)
-    fig.tight_layout()
-    return [save(fig, exp, results_dir)]
+    return [plots.save(fig, results_dir, exp.name)]
 
 
 def _group(cell, groups) -> str:
     return ", ".join(f"{g} {cell.row.labels.get(g)}" if g != "model" else str(cell.row.labels.get(g)) for g in groups)
-
-
-def save(fig, exp, results_dir: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    out = Path(results_dir) / "figures" / f"{exp.name}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out

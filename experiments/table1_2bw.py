@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from experiments.table7 import data_dir
 from suite.core.experiment import Experiment, Metric, Row
+from suite.report import plots
 
 # The paper's Table 1 (355M-parameter BERT, fine-tuned on MNLI and RACE) and its GPT test perplexities.
 PAPER = {
@@ -134,57 +134,44 @@ def rows(profile: str) -> list[Row]:
 
 def figure(exp, results_dir: Path) -> list[Path]:
     """Per section, BERT and GPT-2 panels: vanilla and 2BW training and validation loss (the paper's Figure 5)."""
-    import matplotlib
+    return plots.figure_per_section(exp, results_dir, "2bw-table1", _section_figure, dpi=110)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from suite.report import tables
-
-    paths = []
-    for title, cells, records in tables.sections(exp, Path(results_dir)):
-        done = {c.row.name: r["metrics"] for c, r in zip(cells, records) if r and r.get("status") == "ok"}
-        if not done:
-            continue
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
-        for ax, (model, label) in zip(axes[0], (("bert", "BERT (masked LM)"), ("gpt2", "GPT-2 (causal LM)"))):
-            for variant, color in (("vanilla", "C0"), ("2bw", "C3")):
-                m = done.get(f"{model}-{variant}")
-                if not m:
-                    continue
-                train, val = m["loss_curve"], m["val_curve"]
-                ax.plot(
-                    [p["step"] for p in train],
-                    [p["loss"] for p in train],
-                    color=color,
-                    alpha=0.35,
-                    lw=0.8,
-                    label=f"{variant} train",
-                )
-                ax.plot(
-                    [p["step"] for p in val],
-                    [p["val_loss"] for p in val],
-                    color=color,
-                    marker="o",
-                    ms=3,
-                    ls="--" if variant == "2bw" else "-",
-                    label=f"{variant} validation",
-                )
-            ax.set_title(label, fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-            ax.set_ylabel("loss", fontsize=8)
-            ax.grid(alpha=0.3)
-            if ax.get_lines():
-                ax.legend(fontsize=7)
-        fig.suptitle(f"2BW Table 1 / Figure 5: vanilla vs 2BW loss, {title}", fontsize=10)
-        fig.tight_layout()
-        slug = re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
-        out = Path(results_dir) / "figures" / f"2bw-table1_{slug}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
-        paths.append(out)
-    return paths
+def _section_figure(title: str, cells, records):
+    """One section's BERT and GPT-2 panels; None when no row finished."""
+    done = {c.row.name: r["metrics"] for c, r in zip(cells, records) if r and r.get("status") == "ok"}
+    if not done:
+        return None
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4), squeeze=False)
+    for ax, (model, label) in zip(axes[0], (("bert", "BERT (masked LM)"), ("gpt2", "GPT-2 (causal LM)"))):
+        for variant, color in (("vanilla", "C0"), ("2bw", "C3")):
+            m = done.get(f"{model}-{variant}")
+            if not m:
+                continue
+            train, val = m["loss_curve"], m["val_curve"]
+            ax.plot(
+                [p["step"] for p in train],
+                [p["loss"] for p in train],
+                color=color,
+                alpha=0.35,
+                lw=0.8,
+                label=f"{variant} train",
+            )
+            ax.plot(
+                [p["step"] for p in val],
+                [p["val_loss"] for p in val],
+                color=color,
+                marker="o",
+                ms=3,
+                ls="--" if variant == "2bw" else "-",
+                label=f"{variant} validation",
+            )
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("loss", fontsize=8)
+        plots.grid_and_legend(ax, 7)
+    fig.suptitle(f"2BW Table 1 / Figure 5: vanilla vs 2BW loss, {title}", fontsize=10)
+    return fig
 
 
 EXPERIMENT = PretrainExperiment(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from experiments.l2l_common import bert_base, half, l2l_row
 from suite.core.experiment import Experiment, Metric, Row
+from suite.report import plots
 
 UBATCHES = (1, 2, 4)
 PAPER = {1: (52.48, 3.69), 2: (70.97, 3.89), 4: (84.91, 4.27)}  # #uBatches: (samples/s, GB)
@@ -63,17 +64,12 @@ def rows(profile: str) -> list[Row]:
 
 def target_figure(exp, results_dir: Path) -> list[Path]:
     """Per #uBatches, L2L-CMP throughput over AMP's at the same batch, one bar per profile/device, the target drawn."""
-    import matplotlib
+    return plots.figure_of_sections(exp, results_dir, "table3_vs_amp", _target_bars)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from suite.report import tables
-
-    secs = tables.sections(exp, Path(results_dir))
-    if not secs:
-        return []
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+def _target_bars(secs):
+    """The target figure of `secs` (tables.sections): a bar per section at each #uBatches."""
+    fig, ax = plots.pyplot().subplots(figsize=(6, 3.6))
     width = 0.8 / len(secs)
     for k, (title, cells, records) in enumerate(secs):
         got = {
@@ -91,12 +87,7 @@ def target_figure(exp, results_dir: Path) -> list[Path]:
     ax.set_ylabel("L2L-CMP / AMP with recompute, same batch")
     ax.legend(fontsize=7)
     ax.set_title("Table 3: L2L-CMP against AMP recomputing per layer (whole model on the device)", fontsize=9)
-    fig.tight_layout()
-    out = Path(results_dir) / "figures" / "table3_vs_amp.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return [out]
+    return fig
 
 
 EXPERIMENT = Experiment(

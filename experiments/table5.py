@@ -6,7 +6,9 @@ from pathlib import Path
 
 from experiments.l2l_common import bert_base, bert_params, fmt_count, half, l2l_host_bytes, l2l_row
 from suite.config.run import PRESETS
+from suite.config.sizes import parse_size
 from suite.core.experiment import Experiment, Metric, Row
+from suite.report import plots
 
 # The paper's depths and the smaller profiles', in the same proportions; rows are named by the
 # proportion (x1 ... x16) so that one name means one position at every profile.
@@ -92,19 +94,13 @@ def rows(profile: str) -> list[Row]:
 
 def depth_figure(exp, results_dir: Path) -> list[Path]:
     """Memory against depth per profile/device, one line per method, OOM cells marked at the cap; the paper's beside."""
-    import matplotlib
+    return plots.figure_of_sections(exp, results_dir, "table5_memory_vs_depth", _depth_lines)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from suite.config.sizes import parse_size
-    from suite.report import tables
-
-    secs = tables.sections(exp, Path(results_dir))
-    if not secs:
-        return []
+def _depth_lines(secs):
+    """The depth figure of `secs` (tables.sections): the paper's panel, then one per section."""
     panels = [("paper (V100-16GB, GB)", None)] + [(title, (cells, records)) for title, cells, records in secs]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    fig, axes = plots.pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     for ax, (title, sec) in zip(axes[0], panels):
         for k, (name, _, _, label) in enumerate(VARIANTS):
             color = f"C{k}"
@@ -139,12 +135,7 @@ def depth_figure(exp, results_dir: Path) -> list[Path]:
         ax.set_title(title, fontsize=8)
         ax.legend(fontsize=6)
     fig.suptitle("Table 5: device memory against depth (x = out of memory at the cap, dashed)", fontsize=9)
-    fig.tight_layout()
-    out = Path(results_dir) / "figures" / "table5_memory_vs_depth.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return [out]
+    return fig
 
 
 EXPERIMENT = Experiment(

@@ -126,49 +126,9 @@ def _check(args) -> int:
 
 
 def _plan(args) -> int:
-    from pathlib import Path
+    from methods.pipeline.planner.command import plan_command
 
-    from methods.pipeline.planner import costmodel, predict
-    from suite.config.paths import RESULTS_DIR
-    from suite.config.run import RunConfig, apply_overrides
-    from suite.config.sizes import parse_size
-
-    bad = [m for m in args.methods if m not in predict.SCHEDULES]
-    if bad:
-        raise ConfigError(f"--methods {bad}: the planner knows {sorted(predict.SCHEDULES)}")
-    sizes = [int(x) for x in args.micro_batch_sizes.split(",")]
-    cap = parse_size(args.memory) if args.memory else None
-    run = apply_overrides(RunConfig(method="pipedream-2bw"), args.set or []).validate()
-    if args.device == "cpu":
-        cache = Path(RESULTS_DIR) / ".cache" / "profiles"
-        prof = costmodel.cached_profile(run, cache, threads=args.threads, refresh=args.refresh)
-        links = costmodel.load_links(cache)
-        prof.p2p, prof.all_reduce = links
-        print(
-            f"profile: {prof.source}; links: p2p {links[0]}, all-reduce {links[1]}"
-            f"{'' if costmodel.links_path(cache).exists() else ' (assumed: run `make planner-check` to calibrate)'}"
-        )
-    else:
-        spec = costmodel.DEVICE_SPECS[args.device]
-        m = run.model
-        prof = costmodel.analytic_profile(m.layers, m.hidden, m.heads, run.seq_len, m.vocab_size, spec)
-        print(f"profile: {prof.source} (projected from FLOPs; assumptions in methods/pipeline/planner/costmodel.py)")
-    preds = predict.plan(
-        prof,
-        args.workers,
-        args.batch,
-        cap,
-        tuple(args.methods),
-        sizes,
-        (False, True) if args.recompute == "both" else (args.recompute == "on",),
-    )
-    cap_text = args.memory or (f"{prof.memory / 1e9:g} GB (device spec)" if prof.memory else "none")
-    print(
-        f"{run.model.layers} blocks, hidden {run.model.hidden}, sequence {run.seq_len}; {args.workers} workers, "
-        f"global batch <= {args.batch}, memory cap {cap_text}; ranked, fitting first"
-    )
-    print(predict.render(preds, args.top))
-    return 0 if preds and preds[0].fits else 1
+    return plan_command(args)
 
 
 def _campaign(args) -> int:

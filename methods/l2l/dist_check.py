@@ -11,7 +11,6 @@ Every rank exits non-zero on a mismatch.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -21,7 +20,7 @@ import torch.distributed as dist
 
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
+from suite.core.check import build_method, default_precision, rank_check_parser, verdict_across_ranks
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -31,12 +30,7 @@ def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--method", default="l2l")
-    p.add_argument("--against", default="grad_accum")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = p.parse_args(argv)
+    args = rank_check_parser(__doc__.splitlines()[0], default="l2l").parse_args(argv)
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     cls = registry.get(args.method)
@@ -74,29 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
     identical = all(torch.equal(mine, other) for other in everyone)
-    ok = identical
-    if rank == 0:
-        ref_state = reference.state_dict()
-        errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
-        weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
-        tol = max(TOLERANCE[run.precision], TOLERANCE[reference.run.precision])
-        result = CheckResult(
-            f"{args.method} on {world} ranks",
-            f"{args.against} on 1 rank",
-            args.steps,
-            tol,
-            errors,
-            weight_errors,
-            reference.model.gradient_free(),
-            losses,
-        )
-        print(result.report(top=5))
-        print(f"{'all' if identical else 'NOT all'} {world} ranks hold bitwise identical weights")
-        ok = ok and result.passed
-    verdict = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
-    dist.all_reduce(verdict)
+    note = (f"{'all' if identical else 'NOT all'} {world} ranks hold bitwise identical weights", identical)
+    passed = verdict_across_ranks(subject, f"{args.method} on {world} ranks", w0, state, reference, losses, [note])
     leave_group()
-    return int(verdict.item() != 0)
+    return int(not passed)
 
 
 if __name__ == "__main__":

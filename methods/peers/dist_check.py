@@ -12,27 +12,21 @@ a mismatch; a failing rank prints its traceback and exits at once so torchrun te
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-
-import torch
-import torch.distributed as dist
 
 from methods.pipeline.executors.dist import rank_main
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
+from suite.core.check import build_method, default_precision, rank_check_parser, verdict_across_ranks
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--method", action="append", required=True, help="repeatable: checked one after another")
-    p.add_argument("--against", default="grad_accum")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p = rank_check_parser(
+        __doc__.splitlines()[0], action="append", required=True, help="repeatable: checked one after another"
+    )
     args = p.parse_args(argv)
 
     failed = [name for name in args.method if not check_one(name, args)]
@@ -63,7 +57,7 @@ def check_one(method: str, args) -> bool:
     losses = [subject.step(next(batches)).loss for _ in range(args.steps)]
     state = subject.state_dict()
 
-    ok = True
+    reference = None
     if rank == 0:
         ref_run = dataclasses.replace(
             run, method=args.against, options={}, ranks=1, precision=default_precision(args.against, device)
@@ -74,27 +68,8 @@ def check_one(method: str, args) -> bool:
             )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
-        ref_state = reference.state_dict()
-        if state.keys() != ref_state.keys():
-            missing, extra = sorted(ref_state.keys() - state.keys()), sorted(state.keys() - ref_state.keys())
-            raise AssertionError(f"{method} state_dict keys differ: missing {missing[:5]}, extra {extra[:5]}")
-        errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
-        weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
-        result = CheckResult(
-            f"{method} on {world} ranks ({', '.join(f'{k}={v}' for k, v in subject.opts.items())})",
-            f"{args.against} on 1 rank",
-            args.steps,
-            max(TOLERANCE[run.precision], TOLERANCE[ref_run.precision]),
-            errors,
-            weight_errors,
-            reference.model.gradient_free(),
-            losses,
-        )
-        print(result.report(top=5))
-        ok = result.passed
-    verdict = torch.tensor([0.0 if ok else 1.0], device=device)
-    dist.all_reduce(verdict)
-    return verdict.item() == 0
+    label = f"{method} on {world} ranks ({', '.join(f'{k}={v}' for k, v in subject.opts.items())})"
+    return verdict_across_ranks(subject, label, w0, state, reference, losses)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from suite.config.run import RunConfig
 from suite.core import registry
@@ -104,14 +106,46 @@ def check(run: RunConfig, against: str, steps: int, padded: bool = True) -> Chec
     for _ in range(steps):
         sa, sb = subject.step(next(batches_a)), reference.step(next(batches_b))
         losses.append((sa.loss, sb.loss))
-    a, b = subject.state_dict(), reference.state_dict()
-    if a.keys() != b.keys():
-        missing, extra = sorted(b.keys() - a.keys()), sorted(a.keys() - b.keys())
-        raise AssertionError(
-            f"{run.method} state_dict keys differ from {against}: missing {missing[:5]}, extra {extra[:5]}"
-        )
-    errors = {k: relative_error(a[k] - w0[k], b[k] - w0[k]) for k in b}
-    weight_errors = {k: relative_error(a[k], b[k]) for k in b}
-    tol = max(TOLERANCE[run.precision], TOLERANCE[ref_run.precision])
+    return compare(run, run.method, against, w0, subject.state_dict(), reference, losses)
+
+
+def compare(run: RunConfig, label: str, against: str, w0: dict, state: dict, reference, losses: list) -> CheckResult:
+    """`state`, the weights trained from `w0` under `run` (named `label`), against those of the trained `reference`
+    (named `against`): every tensor's update and weight, at the tolerance of the lower of the two precisions."""
+    ref_state = reference.state_dict()
+    if state.keys() != ref_state.keys():
+        missing, extra = sorted(ref_state.keys() - state.keys()), sorted(state.keys() - ref_state.keys())
+        raise AssertionError(f"{label} state_dict keys differ from {against}: missing {missing[:5]}, extra {extra[:5]}")
+    errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
+    weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
+    tol = max(TOLERANCE[run.precision], TOLERANCE[reference.run.precision])
     ungated = reference.model.gradient_free()
-    return CheckResult(run.method, against, steps, tol, errors, weight_errors, ungated, losses)
+    return CheckResult(label, against, len(losses), tol, errors, weight_errors, ungated, losses)
+
+
+def rank_check_parser(description: str, **method) -> argparse.ArgumentParser:
+    """The options `suite check` passes a method's multi-rank check: --method (as `method` describes it to
+    argparse), --against, --steps and --set."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--method", **method)
+    p.add_argument("--against", default="grad_accum")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def verdict_across_ranks(subject, label: str, w0: dict, state: dict, reference, losses: list, notes=()) -> bool:
+    """The end of a multi-rank check, called on every rank. Rank 0, the one holding the trained `reference` (None
+    on the others), compares `state`, the weights `subject` trained from `w0`, with it and prints the report, then
+    each note's line; `notes` are (line, holds) pairs of the method's own checks. True on every rank when the
+    comparison passed and every note holds on every rank (the verdicts all-reduced)."""
+    ok = all(holds for _, holds in notes)
+    if reference is not None:
+        result = compare(subject.run, label, f"{reference.run.method} on 1 rank", w0, state, reference, losses)
+        print(result.report(top=5))
+        for line, _ in notes:
+            print(line)
+        ok = ok and result.passed
+    failed = torch.tensor([0.0 if ok else 1.0], device=subject.device)
+    dist.all_reduce(failed)
+    return failed.item() == 0

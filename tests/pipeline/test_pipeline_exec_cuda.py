@@ -64,7 +64,7 @@ def test_dist_executor_on_nccl(method, stages, width):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_planner_profiles_layers_on_the_gpu():
     """The per-layer profile on CUDA: allocator counters for bytes, synchronized timings, NCCL-style sends."""
-    from methods.pipeline.planner.costmodel import measure_profile
+    from methods.pipeline.planner.profiling import measure_profile
 
     run = RunConfig(model=MODEL, seq_len=16).validate()
     prof = measure_profile(run, micro_batch_sizes=(1, 2), repeats=2, device=torch.device("cuda"))

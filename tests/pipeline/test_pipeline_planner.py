@@ -1,20 +1,21 @@
 """The planner: cost model against closed forms, memory ordering, the ranked sweep, the CLI, and one measured run."""
 
 import dataclasses
+import json
 
 import pytest
 
-from methods.pipeline.planner import costmodel
 from methods.pipeline.planner import predict as planner
-from methods.pipeline.planner.costmodel import LayerCost, Link, Profile
+from methods.pipeline.planner import profiling
+from methods.pipeline.planner.costs import LayerCost, Line, Link, Profile
 from suite.cli import main as cli_main
 from suite.config.run import RunConfig
 
 
 def uniform(n_blocks=8, f=1.0, b=2.0, keep=100.0, out=10.0, params=1000) -> Profile:
     """Identical blocks costing f and b seconds per sample, free embed and head (closed forms hold)."""
-    blk = LayerCost("block", params, (0.0, f), (0.0, b), keep, out, 0.0)
-    ends = LayerCost("end", 0, (0.0, 0.0), (0.0, 0.0), 0.0, out, 0.0)
+    blk = LayerCost("block", params, Line(0.0, f), Line(0.0, b), keep, out, 0.0)
+    ends = LayerCost("end", 0, Line(0.0, 0.0), Line(0.0, 0.0), 0.0, out, 0.0)
     return Profile(
         "test",
         8,
@@ -93,7 +94,7 @@ def test_plan_ranks_fitting_configurations_first_and_marks_the_rest():
 
 def test_measured_profile_has_every_layer():
     run = RunConfig(seq_len=16, model=dataclasses.replace(RunConfig().model, layers=2)).validate()
-    prof = costmodel.measure_profile(run, micro_batch_sizes=(1, 2), repeats=1, threads=1)
+    prof = profiling.measure_profile(run, micro_batch_sizes=(1, 2), repeats=1, threads=1)
     assert [c.name for c in prof.layers] == ["embed", "block1", "block2", "head"]
     blocks = prof.layers[1:3]
     assert all(c.keep_bytes > c.out_bytes > 0 and c.params > 0 for c in blocks)
@@ -101,6 +102,15 @@ def test_measured_profile_has_every_layer():
     assert prof.optimizer_s_per_param > 0
     again = Profile.from_dict(prof.to_dict())
     assert again == prof
+
+
+def test_a_cached_profile_reads_back_as_written():
+    """The profile cache's JSON: each time line a list [intercept, slope], read back as a Line, written back alike."""
+    text = json.dumps(uniform(2, f=0.5).to_dict(), indent=1)
+    assert json.loads(text)["layers"][1]["forward"] == [0.0, 0.5]
+    prof = Profile.from_dict(json.loads(text))
+    assert prof.layers[1].forward == Line(intercept=0.0, slope=0.5) and prof.layers[1].fwd(4) == 2.0
+    assert json.dumps(prof.to_dict(), indent=1) == text
 
 
 def test_plan_cli_projects_the_papers_cluster(capsys):

@@ -13,18 +13,14 @@ exits at once so torchrun tears the others down. `--fault` injects a failure (fo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import time
 
-import torch
-import torch.distributed as dist
-
 from methods.pipeline.executors.dist import rank_main
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import TOLERANCE, CheckResult, build_method, default_precision, relative_error
+from suite.core.check import build_method, default_precision, rank_check_parser, verdict_across_ranks
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -39,11 +35,7 @@ def _inject(fault: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--method", default="pipedream-flush")
-    p.add_argument("--against", default="grad_accum")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p = rank_check_parser(__doc__.splitlines()[0], default="pipedream-flush")
     p.add_argument("--fault", choices=["exit", "hang", "raise"], help="inject a failure (tests)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=1)
@@ -68,44 +60,27 @@ def main(argv: list[str] | None = None) -> int:
     peaks = subject.stash_peaks()
     identical = subject.executor.replicas_identical()
 
-    ok = True
+    reference = None
     if rank == 0:
         ref_run = dataclasses.replace(
             run, method=args.against, options={}, precision=default_precision(args.against, device)
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
-        ref_state = reference.state_dict()
-        errors = {k: relative_error(state[k] - w0[k], ref_state[k] - w0[k]) for k in ref_state}
-        weight_errors = {k: relative_error(state[k], ref_state[k]) for k in ref_state}
-        tol = max(TOLERANCE[run.precision], TOLERANCE[ref_run.precision])
-        o = subject.opts
-        label = (
-            f"{args.method} (dist, {world} ranks: stages={o['stages']} width={o['width']} recompute={o['recompute']})"
-        )
-        result = CheckResult(
-            label,
-            f"{args.against} on 1 rank",
-            args.steps,
-            tol,
-            errors,
-            weight_errors,
-            reference.model.gradient_free(),
-            losses,
-        )
-        print(result.report(top=5))
-        report = subject.report
-        stash_ok = peaks == report.peak_stash
-        print(
+    o, report = subject.opts, subject.report
+    label = f"{args.method} (dist, {world} ranks: stages={o['stages']} width={o['width']} recompute={o['recompute']})"
+    stash_ok = peaks == report.peak_stash  # both the same on every rank: the peaks are gathered
+    notes = [
+        (
             f"peak stash per stage: measured {peaks}, validator {report.peak_stash} "
-            f"(bound {report.stash_bound}): {'equal' if stash_ok else 'DIFFERENT'}"
-        )
-        print(f"replicas of every stage hold {'bitwise identical' if identical else 'DIFFERENT'} weights")
-        ok = result.passed and stash_ok and identical
-    verdict = torch.tensor([0.0 if ok else 1.0], device=device)
-    dist.all_reduce(verdict)
+            f"(bound {report.stash_bound}): {'equal' if stash_ok else 'DIFFERENT'}",
+            stash_ok,
+        ),
+        (f"replicas of every stage hold {'bitwise identical' if identical else 'DIFFERENT'} weights", identical),
+    ]
+    passed = verdict_across_ranks(subject, label, w0, state, reference, losses, notes)
     leave_group()
-    return int(verdict.item() != 0)
+    return int(not passed)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,1 @@
-"""The 2BW planner (paper section 4): cost model, predictions, projections, its check; imports the pipeline."""
+"""The 2BW planner (paper section 4): cost model, predictions, projections, check, command; imports the pipeline."""

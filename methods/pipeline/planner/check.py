@@ -11,8 +11,10 @@ import torch
 import torch.distributed as dist
 
 from methods.pipeline.method import PipelineMethod
-from methods.pipeline.planner.costmodel import Link, cached_profile, save_links
+from methods.pipeline.planner.costmodel import save_links
+from methods.pipeline.planner.costs import Link
 from methods.pipeline.planner.predict import predict
+from methods.pipeline.planner.profiling import cached_profile
 from suite.core.cell import throughput_cell
 
 

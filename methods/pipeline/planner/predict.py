@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from methods.pipeline.planner.costmodel import Profile
+from methods.pipeline.planner.costs import Profile
 from methods.pipeline.schedules.partition import partition
 from methods.pipeline.schedules.schedule import GENERATORS
 from methods.pipeline.schedules.simulate import Costs, simulate

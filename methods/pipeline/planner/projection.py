@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
-from methods.pipeline.planner.costmodel import DEVICE_SPECS, DeviceSpec, Profile, analytic_profile, cached_profile
+from methods.pipeline.planner.costmodel import DEVICE_SPECS, analytic_profile
+from methods.pipeline.planner.costs import DeviceSpec, Profile
 from methods.pipeline.planner.predict import SCHEDULES, predict, stage_memory, stages_of
+from methods.pipeline.planner.profiling import cached_profile
 from suite.config.sizes import parse_size
 
 # Micro-batch sizes the planner may choose from when a row asks for the fastest fitting one.
