@@ -160,7 +160,7 @@ def draw(exp, sections, fig, axes) -> None:
             capped = c.row.labels["cap"] != "none"
             labels.append(
                 f"d{c.row.labels['d']}w{c.row.labels['w']} L{c.row.labels['blocks']}: "
-                f"{'' if capped else 'no cap, '}{(r or {}).get('status', 'not run')}"
+                f"{'' if capped else 'no cap, '}{r['status'] if r else 'not run'}"
             )
             colors.append("tab:gray" if not capped else "tab:green" if r and r["status"] == "ok" else "tab:red")
             values.append(c.row.labels["blocks"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from suite.records.schema import metrics_of
 from suite.report import plots
 from suite.tasks import metrics
 from suite.tasks.finetune import timeline
@@ -21,7 +22,7 @@ def _histories(cells, records) -> dict[str, dict[str, list[dict]]]:
     Records made before histories existed give their evaluation curve as dev rows."""
     out: dict[str, dict[str, list[dict]]] = {}
     for cell, rec in zip(cells, records):
-        m = ((rec or {}).get("metrics") or {}) if rec and rec.get("status") == "ok" else {}
+        m = metrics_of(rec) if rec and rec["status"] == "ok" else {}
         rows = m.get("history") or timeline([], m.get("curve") or [])
         if rows:
             task = cell.row.task

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from suite.core.experiment import Experiment, Row
+from suite.records.schema import metrics_of
 from suite.report import plots
 
 # The paper's GPT models as (blocks, hidden, heads): our assumption, chosen to match the parameter counts
@@ -248,13 +249,13 @@ def grouped_bars(
         width = 0.8 / max(len(present), 1)
         top = 0.0
         for c, r in pts:
-            v = ((r or {}).get("metrics") or {}).get(key)
+            v = metrics_of(r).get(key)
             top = max(top, v or 0.0)
         for c, r in pts:
             g = names.index(_group(c, groups))
             k = present.index(c.row.labels["system"])
-            status = (r or {}).get("status", "not run")
-            v = ((r or {}).get("metrics") or {}).get(key) if status in ("ok", "oom") else None
+            status = r["status"] if r else "not run"
+            v = metrics_of(r).get(key) if status in ("ok", "oom") else None
             x = g + k * width
             ax.bar(
                 x,
@@ -270,7 +271,7 @@ def grouped_bars(
             note = "OOM" if status == "oom" else ("" if v is not None else status[:10])
             if v is not None and relative_to and status == "ok":
                 ref = next(
-                    ((rr or {}).get("metrics") or {}).get(key)
+                    metrics_of(rr).get(key)
                     for cc, rr in pts
                     if cc.row.labels["system"] == relative_to
                     and all(cc.row.labels.get(gg) == c.row.labels.get(gg) for gg in groups)

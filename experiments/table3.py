@@ -6,6 +6,7 @@ from pathlib import Path
 
 from experiments.l2l_common import bert_base, half, l2l_row
 from suite.core.experiment import Experiment, Metric, Row
+from suite.records.schema import metrics_of
 from suite.report import plots
 
 UBATCHES = (1, 2, 4)
@@ -73,9 +74,7 @@ def _target_bars(secs):
     width = 0.8 / len(secs)
     for k, (title, cells, records) in enumerate(secs):
         got = {
-            c.row.name: (r or {}).get("metrics", {}).get("throughput")
-            for c, r in zip(cells, records)
-            if r and r.get("status") == "ok"
+            c.row.name: metrics_of(r).get("throughput") for c, r in zip(cells, records) if r and r.get("status") == "ok"
         }
         ratios = [
             got[f"l2l-cmp-u{u}"] / got[f"amp-rc-u{u}"] if got.get(f"l2l-cmp-u{u}") and got.get(f"amp-rc-u{u}") else 0.0
