@@ -241,6 +241,7 @@ def render(exp, cells, records: list[dict | None], title: str) -> tuple[str, str
             "",
         ]
     md += counted_breakdown(cells, records)
+    md += exp.detail(cells, records) if exp.detail is not None else []
     if exp.notes:
         md += [f"Notes: {exp.notes}", ""]
     md += ["Provenance:", ""]
