@@ -30,7 +30,7 @@ CUDA_TESTS = (
     "tests/test_campaign_cuda.py",
 )
 COUNTED_TESTS = ("tests/test_counting_cuda.py",)  # counted against CUDA's allocator (#12), in stage 3
-BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)
+BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)  # pytest-benchmark: the host update per parameter, an L2L step on CUDA
 JUNIT = {"failure": "failed", "error": "errors", "skipped": "skipped"}
 
 
@@ -66,10 +66,13 @@ STAGES = {
         ),
     ),
     3: Stage(
-        "Table 5 to 384 layers, Table 4's one-GPU rows, the host-optimizer benchmark, counted against measured",
+        "Table 5 to 384 layers, Table 4's one-GPU rows, the host-optimizer and overhead benchmarks, L2L's "
+        "microbenchmarks, counted against measured",
         sweeps=(
             Sweep("table5", dry_only=("stash-cpu-x1",)),
             Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
+            Sweep("bench-host-optim", dry_only=("layer-1-thread",)),
+            Sweep("bench-overhead"),
         ),
         bench=True,
         counted=True,
@@ -223,9 +226,9 @@ def run_stage(
         if time.time() < deadline:
             extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
             report["bench"] = _pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
-            progress(f"stage {number} | host-optimizer benchmark | exit {report['bench']['exit']}")
+            progress(f"stage {number} | L2L microbenchmarks | exit {report['bench']['exit']}")
         else:
-            report["left"].append("host-optimizer benchmark")
+            report["left"].append("L2L microbenchmarks")
     if stage.counted:
         if time.time() < deadline:
             extra = ["--collect-only"] if dry else []
