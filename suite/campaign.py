@@ -36,11 +36,13 @@ JUNIT = {"failure": "failed", "error": "errors", "skipped": "skipped"}
 
 @dataclass(frozen=True)
 class Sweep:
-    """One experiment's cells at the campaign's profile (`only` rows, or all); `dry_only` at the dry run."""
+    """One experiment's cells at the campaign's profile (`only` rows, or all); `dry_only` rows and `dry_set`
+    overrides at the dry run."""
 
     experiment: str
     only: tuple[str, ...] | None = None
     dry_only: tuple[str, ...] = ()
+    dry_set: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ STAGES = {
             Sweep("table5", dry_only=("stash-cpu-x1",)),
             Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
             Sweep("bench-host-optim", dry_only=("layer-1-thread",)),
-            Sweep("bench-overhead"),
+            Sweep("bench-overhead", dry_set=("steps=2", "warmup=1")),
         ),
         bench=True,
         counted=True,
@@ -196,6 +198,7 @@ def run_stage(
     for s in stage.sweeps:
         exp = get_experiment(s.experiment)
         only = list(s.dry_only) if dry else (list(s.only) if s.only else None)
+        overrides = list(s.dry_set) if dry else None
         if time.time() >= deadline:
             report["left"].append(s.experiment)
             continue
@@ -203,6 +206,7 @@ def run_stage(
             exp,
             profile=profile,
             only=only,
+            overrides=overrides,
             wandb_mode=wandb_mode,
             results_dir=results_dir,
             progress=progress,
@@ -213,7 +217,7 @@ def run_stage(
             if row.skip and (only is None or row.name in only):  # a row with no cell here says why
                 report["cells"].append({"experiment": s.experiment, "row": row.name, "status": f"skipped: {row.skip}"})
                 progress(f"stage {number} | {s.experiment}/{row.name} | skipped: {row.skip}")
-        cells = exp.cells(profile, only, None, None)
+        cells = exp.cells(profile, only, overrides, None)
         for cell, record in zip(cells, records):
             line = _summary_line(number, s.experiment, record, cell.row.name)
             report["cells"].append(
