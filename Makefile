@@ -68,16 +68,22 @@ test-slow: $(STAMP)
 test-cuda: $(STAMP)
 	$(PY) -m pytest -q -m cuda
 
+# The microbenchmarks (pytest-benchmark), then the harness's overhead against plain Hugging Face: results/bench-overhead.md.
 bench: $(STAMP)
 	$(PY) -m pytest -q --benchmark-only -m "not cuda"
-	$(PY) -m experiments.benchmarks.overhead
+	$(PY) -m suite run bench-overhead --profile $(PROFILE) $(RUN_FLAGS)
 
 # ns/param of L2L's host update (fused LAMB and AdamW) against torch's fused/foreach AdamW and DeepSpeed's CPU
-# Adam (where installed), one BERT-Large layer and the whole model, 1 thread and all: results/host_optim.md. Then
-# an L2L step with the fused and foreach host optimizer, overlapped or not: results/l2l_host_step.md.
+# Adam (where installed), one BERT-Large layer and the whole model, 1 thread and all: results/bench-host-optim.md.
+# Then an L2L step with the fused and foreach host optimizer, overlapped or not: results/bench-l2l-host-step.md.
+# PROFILE=auto takes the shapes of the committed pages: BERT-Large's update (paper) on any machine; the L2L step of
+# BERT-Large with L2L-CMP on a GPU (paper), of BERT-Base on a CPU (small).
+HOST_OPTIM_PROFILE = $(if $(filter auto,$(PROFILE)),paper,$(PROFILE))
+L2L_STEP_PROFILE = $(if $(filter auto,$(PROFILE)),$(shell $(PY) -c \
+	"import torch; print('paper' if torch.cuda.is_available() else 'small')"),$(PROFILE))
 bench-host-optim: $(STAMP)
-	$(PY) -m experiments.benchmarks.host_optim $(RUN_FLAGS)
-	$(PY) -m experiments.benchmarks.l2l_host_step
+	$(PY) -m suite run bench-host-optim --profile $(HOST_OPTIM_PROFILE) $(RUN_FLAGS)
+	$(PY) -m suite run bench-l2l-host-step --profile $(L2L_STEP_PROFILE)
 
 # The GPU campaign (docs/gpu-campaign.md): STAGE=1|2|3|all, each stage one command of at most 9 minutes
 # that resumes where the last call stopped. It runs on the machine's own Python and torch (CUDA): nothing is
@@ -151,8 +157,9 @@ counted-2bw: $(STAMP)
 pipeline-timelines: $(STAMP)
 	$(PY) -m experiments.pipeline_timelines
 
+# Our pipelines and torch.distributed.pipelining's on 2 CPU gloo ranks against one-rank AG: results/bench-pipeline.md.
 pipeline-bench: $(STAMP)
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node=2 -m experiments.benchmarks.pipeline_vs_torch
+	$(PY) -m suite run bench-pipeline --profile $(PROFILE) $(RUN_FLAGS)
 
 clean-venv:
 	rm -rf $(VENV)

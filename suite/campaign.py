@@ -32,17 +32,19 @@ CUDA_TESTS = (
     "tests/test_campaign_cuda.py",
 )
 COUNTED_TESTS = ("tests/test_counting_cuda.py",)  # counted against CUDA's allocator (#12), in stage 3
-BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)
+BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)  # pytest-benchmark: the host update per parameter, an L2L step on CUDA
 JUNIT = {"failure": "failed", "error": "errors", "skipped": "skipped"}
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """One experiment's cells at the campaign's profile (`only` rows, or all); `dry_only` at the dry run."""
+    """One experiment's cells at the campaign's profile (`only` rows, or all); `dry_only` rows and `dry_set`
+    overrides at the dry run."""
 
     experiment: str
     only: tuple[str, ...] | None = None
     dry_only: tuple[str, ...] = ()
+    dry_set: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,13 @@ STAGES = {
         ),
     ),
     3: Stage(
-        "Table 5 to 384 layers, Table 4's one-GPU rows, the host-optimizer benchmark, counted against measured",
+        "Table 5 to 384 layers, Table 4's one-GPU rows, the host-optimizer and overhead benchmarks, L2L's "
+        "microbenchmarks, counted against measured",
         sweeps=(
             Sweep("table5", dry_only=("stash-cpu-x1",)),
             Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
+            Sweep("bench-host-optim", dry_only=("layer-1-thread",)),
+            Sweep("bench-overhead", dry_set=("steps=2", "warmup=1")),
         ),
         bench=True,
         counted=True,
@@ -195,6 +200,7 @@ def run_stage(
     for s in stage.sweeps:
         exp = get_experiment(s.experiment)
         only = list(s.dry_only) if dry else (list(s.only) if s.only else None)
+        overrides = list(s.dry_set) if dry else None
         if time.time() >= deadline:
             report["left"].append(s.experiment)
             continue
@@ -202,6 +208,7 @@ def run_stage(
             exp,
             profile=profile,
             only=only,
+            overrides=overrides,
             wandb_mode=wandb_mode,
             results_dir=results_dir,
             rounds=1 if dry else rounds,
@@ -212,7 +219,7 @@ def run_stage(
             if row.skip and (only is None or row.name in only):  # a row with no cell here says why
                 report["cells"].append({"experiment": s.experiment, "row": row.name, "status": f"skipped: {row.skip}"})
                 progress(f"stage {number} | {s.experiment}/{row.name} | skipped: {row.skip}")
-        cells = exp.cells(profile, only, None, None)
+        cells = exp.cells(profile, only, overrides, None)
         for cell, record in zip(cells, records):
             line = _summary_line(number, s.experiment, record, cell.row.name)
             report["cells"].append(
@@ -225,9 +232,9 @@ def run_stage(
         if time.time() < deadline:
             extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
             report["bench"] = _pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
-            progress(f"stage {number} | host-optimizer benchmark | exit {report['bench']['exit']}")
+            progress(f"stage {number} | L2L microbenchmarks | exit {report['bench']['exit']}")
         else:
-            report["left"].append("host-optimizer benchmark")
+            report["left"].append("L2L microbenchmarks")
     if stage.counted:
         if time.time() < deadline:
             extra = ["--collect-only"] if dry else []

@@ -26,11 +26,13 @@ def test_dry_campaign_runs_every_stage_and_packs_its_results(tmp_path, monkeypat
     env = json.loads((here / "environment.json").read_text())
     assert env["machine"]["slug"] == "dry-machine" and env["versions"]["torch"]
     assert reports[0]["cuda_tests"]["collected"] >= 10 and reports[0]["cuda_tests"]["exit"] == 0
-    # every sweep's cells got a record and a summary line; stage 3 says what it could not run
+    # every sweep's cells got a record and a summary line (the benchmarks' too); stage 3 says what it could not run
     cells = [c for r in reports for c in r["cells"]]
-    assert {c["experiment"] for c in cells} == {"table2", "table3", "table6", "table5", "table4"}
+    benchmarks = {"bench-host-optim", "bench-overhead"}
+    assert {c["experiment"] for c in cells} == {"table2", "table3", "table6", "table5", "table4", *benchmarks}
     assert all(c["status"] == "ok" or c["status"].startswith("skipped") for c in cells), cells
-    assert sum(m.startswith("stage ") and " | table" in m for m in seen) == len(cells)
+    assert sum(m.startswith("stage ") and (" | table" in m or " | bench-" in m) for m in seen) == len(cells)
+    assert all((results / f"{b}.md").exists() for b in benchmarks)
     counted = reports[2]["counted_vs_measured"]  # the count against CUDA's allocator: collected on a dry run
     assert counted["collected"] == 4 and counted["exit"] == 0, counted
     # each stage's archive carries this machine's records and reports for the machine that lent the GPU

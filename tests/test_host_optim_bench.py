@@ -1,62 +1,73 @@
-"""The host optimizer benchmark runs end to end at a small size and writes its table (speed is not tested)."""
-
-import json
+"""The host optimizer and L2L host-step benchmarks: their cells through the runner at a small size, their tables
+(speed is not tested), and how ratios are taken."""
 
 import pytest
-import torch
 
 from experiments.benchmarks import host_optim
+from suite.config.errors import ConfigError
+from suite.core.experiment import get_experiment
+from suite.sweep import sweep
 
 
-def test_measures_every_candidate_and_renders(tmp_path):
-    layers = host_optim.make_params([[("w", torch.Size([64, 32])), ("b", torch.Size([32]))]])
-    m = host_optim.measure(layers, threads=1, rounds=2, steps=2, deepspeed=False)
-    rows = host_optim.summarise(m)
+def test_bad_sizes_are_refused_before_anything_runs():
+    with pytest.raises(ConfigError, match=r"--set size='huge' is not one of \['layer', 'model'\]"):
+        get_experiment("bench-host-optim").cells("tiny", overrides=["size=huge"])
+
+
+def test_the_cell_measures_every_candidate_through_the_runner_and_renders(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_MACHINE", "test-machine")
+    exp = get_experiment("bench-host-optim")
+    (rec,) = sweep(
+        exp,
+        "tiny",
+        only=["layer-1-thread"],
+        overrides=["rounds=2", "steps=1"],
+        results_dir=tmp_path,
+        wandb_mode="off",
+        progress=lambda m: None,
+    )
+    assert rec["status"] == "ok", rec.get("error")
+    m = rec["metrics"]
+    assert m["threads"] == 1 and m["size"] == "layer" and m["deepspeed"] is None  # not timed at `tiny`
+    rows = m["candidates"]
     names = [r["name"] for r in rows]
     assert names[:2] == ["suite LAMB, fused (L2L's host)", "suite LAMB, foreach (before)"] and names[-1] == "triad"
-    assert all(r["samples"] == 4 and r["ns_per_param"] > 0 for r in rows)
+    assert all(r["samples"] == 2 and r["ns_per_param"] > 0 for r in rows)
     fused = next(r for r in rows if r["name"] == "torch AdamW, fused")
     assert fused["ratio"] == pytest.approx(1.0) and fused["ratio_to"] == "torch AdamW, fused"
+    assert m["lamb_fused_ns_per_param"] == rows[0]["ns_per_param"]
     # Each update's fixed cost per step, timed on one-element tensors of the same structure; the triad has none.
     assert all((r["fixed_us"] is None) == (r["kind"] == "triad") for r in rows)
     assert all(r["fixed_us"] > 0 and r["fixed_share"] > 0 for r in rows if r["kind"] != "triad")
-    assert len(m["fixed"]["suite AdamW, fused (L2L's host)"]) == 4
-    record = {
-        "machine": host_optim.fingerprint(),
-        "provenance": {"commit": "abc1234", "dirty": False},
-        "date": "today",
-        "deepspeed": None,
-        "fused_lamb": True,
-        "runs": [{"size": "model", "threads": 1, "numel": m["numel"], "rows": rows}],
-    }
-    (tmp_path / "host_optim").mkdir()
-    (tmp_path / "host_optim" / "x.json").write_text(json.dumps(record))
-    text = host_optim.render(tmp_path)
-    assert "| suite LAMB, fused (L2L's host) |" in text and "projected share" in text
-    assert "| fixed µs/step (share) |" in text and text.count(" | — |\n") == 1  # only the triad has no fixed cost
-    assert "DeepSpeed not installed" in text
+    assert len(m["fixed_raw"]["suite AdamW, fused (L2L's host)"]) == 2
+    page = (tmp_path / "bench-host-optim.md").read_text()
+    assert "| layer-1-thread | l2l | layer | ok |" in page and "| layer-all-threads | l2l | layer | not run |" in page
+    assert "**layer** (" in page and "| suite LAMB, fused (L2L's host) |" in page and "Ratios to: " in page
+    candidates = page.split("**layer** (")[1].split("Notes: ")[0]
+    assert (
+        "| fixed µs/step (share) |" in candidates and candidates.count(" | — |\n") == 1
+    )  # the triad has no fixed cost
+    # The whole model's section projects its share of the paper's step; DeepSpeed asked for but not installed says so.
+    cells = exp.cells("tiny", only=["model-1-thread"], overrides=["deepspeed=true"])
+    text = "\n".join(host_optim.detail(cells, [{"status": "ok", "metrics": {**m, "size": "model"}}]))
+    assert "projected share of the paper's step" in text and "DeepSpeed not installed" in text
 
 
-def test_bad_sizes_are_refused_before_anything_runs(capsys):
-    with pytest.raises(SystemExit):
-        host_optim.main(["--sizes", "layer,huge"])
-    assert "--sizes: ['huge'] is not among ['layer', 'model']" in capsys.readouterr().err
-
-
-def test_l2l_host_step_measures_four_variants(monkeypatch, tmp_path):
+def test_the_l2l_host_step_cell_measures_four_variants_through_the_runner(tmp_path, monkeypatch):
     from experiments.benchmarks import l2l_host_step
-    from suite.config.run import ModelConfig
 
-    monkeypatch.setitem(
-        l2l_host_step.SHAPES,
-        "cpu",
-        dict(model=ModelConfig(preset="tiny"), seq_len=16, micro_batch_size=2, precision="fp32"),
-    )
-    m = l2l_host_step.measure(torch.device("cpu"), rounds=1, steps=1)
-    summary = l2l_host_step.summarise(m)
+    monkeypatch.setenv("SUITE_MACHINE", "test-machine")
+    exp = get_experiment("bench-l2l-host-step")
+    overrides = ["rounds=1", "steps=1"]
+    (rec,) = sweep(exp, "tiny", overrides=overrides, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None)
+    assert rec["status"] == "ok", rec.get("error")
+    summary = rec["metrics"]["summary"]
     assert [(r["host_optim"], r["overlap"]) for r in summary["rows"]] == l2l_host_step.VARIANTS
     assert all(r["step_s"] > 0 and r["host_s"] > 0 for r in summary["rows"])
     assert set(summary["hidden"]) == {"foreach", "fused"}
+    assert rec["metrics"]["shape"] == "tiny, 2 x 16 tokens, fp32, LAMB, on cpu"
+    page = (tmp_path / "bench-l2l-host-step.md").read_text()
+    assert "| host_optim | overlap | step s (min..max) |" in page and "Hidden by overlapping: foreach " in page
 
 
 def test_ratios_are_taken_round_by_round():

@@ -90,8 +90,8 @@ def test_every_catalogue_entry_loads_and_every_experiment_module_is_entered():
     assert all(callable(KINDS.load(name)) for name in KINDS.names())
     entered = {EXPERIMENTS.entry(n).where.partition(":")[0] for n in all_experiments()}
     defining = {
-        f"experiments.{i.name}"
-        for i in pkgutil.iter_modules(experiments.__path__)
-        if hasattr(importlib.import_module(f"experiments.{i.name}"), "EXPERIMENT")
+        i.name
+        for i in pkgutil.walk_packages(experiments.__path__, prefix="experiments.")
+        if hasattr(importlib.import_module(i.name), "EXPERIMENT")
     }
     assert defining == entered

@@ -1,1 +1,1 @@
-"""Benchmarks of the harness and of our pipelines against torch's: scripts for python -m, no EXPERIMENT."""
+"""Benchmarks of the harness and of our pipelines against torch's, as experiments (bench-*, found by the catalogue)."""

@@ -1,27 +1,24 @@
 """Host optimizer speed: ns per parameter of the suite's LAMB and AdamW (as L2L's param server runs them) against
-torch's fused and foreach AdamW and DeepSpeed's CPU Adam, at one thread and all, for one BERT-Large layer and the
-whole 335M-parameter model; a triad (c = a + s*b) at the same size gives the memory bandwidth to compare with."""
+torch's fused and foreach AdamW and DeepSpeed's CPU Adam, at one thread and all, for one layer and the whole model
+(BERT-Large's 335M parameters at `paper`); a triad (c = a + s*b) at the same size gives the memory bandwidth."""
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import ctypes.util
 import gc
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from suite.config.paths import RESULTS_DIR
+from experiments.benchmarks.common import benchmark, defaults, md_table, measured
 from suite.config.run import ModelConfig, RunConfig
+from suite.core.experiment import Row
+from suite.core.registry import Option
 from suite.harness import fused_lamb
 from suite.harness.model import build_model
 from suite.harness.optim import LayerwiseOptimizer
-from suite.measure.machine import describe, fingerprint
-from suite.measure.provenance import provenance
 
 # Bytes an update must stream per parameter at best: AdamW reads w, g, m, v and writes w, m, v; LAMB's two passes
 # read w, g, m, v and write m, v, then read w, m, v and write w. The triad reads two floats and writes a third that
@@ -33,10 +30,10 @@ TARGETS = {"adamw": 1.05, "lamb": 1.6}  # the ratio to the faster of torch's fus
 SIZES = ("layer", "model")
 
 
-def bert_large_layers() -> list[list[tuple[str, torch.Size]]]:
-    """(name, shape) of every parameter of BERT-Large, layer by layer as the param server holds them."""
+def model_layers(config: ModelConfig) -> list[list[tuple[str, torch.Size]]]:
+    """(name, shape) of every parameter of the model, layer by layer as the param server holds them."""
     with torch.device("meta"):
-        model = build_model(ModelConfig(preset="bert-large"), 0)
+        model = build_model(config, 0)
     return [[(n, p.shape) for n, p in model.layer_named_parameters(i)] for i in range(model.num_layers)]
 
 
@@ -228,133 +225,156 @@ def summarise(m: dict) -> list[dict]:
     return rows
 
 
-def section_head(record: dict, tail: str) -> list[str]:
-    """A benchmark record's section title and hardware line: machine, commit (dirty or not), date, then `tail`."""
-    prov = record["provenance"]
-    commit = prov["commit"][:7] if prov["commit"] else "?"
+def deepspeed_version() -> str | None:
+    """DeepSpeed's version where its CPU Adam imports here, else None (its row is then left out)."""
+    if _deepspeed_adam() is None:
+        return None
+    import deepspeed
+
+    return getattr(deepspeed, "__version__", None)
+
+
+SETTINGS = {
+    "size": Option("layer", SIZES, "one encoder layer (the param server's layer 1) or the whole model"),
+    "threads": Option("all", help="threads of every update: a number, or 'all' (every usable core)"),
+    "rounds": Option(5, help="interleaved rounds, each building every optimizer anew and timing `steps` steps"),
+    "deepspeed": Option(True, help="time DeepSpeed's CPU Adam too, where it is installed"),
+}
+# The candidates the table's own columns show; every candidate is in the section's detail.
+HEADLINE = {"suite LAMB, fused (L2L's host)": "lamb_fused", "suite AdamW, fused (L2L's host)": "adamw_fused"}
+
+
+def host_optim_cell(run, device, cap) -> dict:
+    """One size at one thread count: every candidate in `rounds` interleaved rounds of `run.steps` timed steps, in
+    this one process, so that each ratio is taken round by round within one run."""
+    o = run.options
+    layers = model_layers(run.model)
+    params = make_params(layers[1:2] if o["size"] == "layer" else layers)  # layer 1: the first encoder layer
+    usable = torch.get_num_threads()
+    threads = usable if o["threads"] == "all" else int(o["threads"])
+    try:
+        m = measure(params, threads, o["rounds"], run.steps, o["deepspeed"])
+    finally:
+        set_threads(usable)
+    ds = deepspeed_version() if o["deepspeed"] else None
+    return cell_metrics(summarise(m), m, o["size"], ds, fused_lamb.kernel() is not None)
+
+
+def cell_metrics(rows: list[dict], m: dict, size: str, deepspeed: str | None, fused: bool) -> dict:
+    """A cell's record: the table's columns, what ran, every candidate's summary (`rows`) and the raw times of the
+    measurement `m`."""
+    by_name = {r["name"]: r for r in rows}
+    return {
+        **{f"{key}_{f}": by_name[name][f] for name, key in HEADLINE.items() for f in ("ns_per_param", "ratio")},
+        "triad_gb_per_s": by_name["triad"]["gb_per_s"],
+        "size": size,
+        "threads": m["threads"],
+        "numel": m["numel"],
+        "deepspeed": deepspeed,
+        "fused_lamb": fused,
+        "candidates": rows,
+        "raw": m["times"],
+        "fixed_raw": m["fixed"],
+    }
+
+
+STEPS = {"layer": 10, "model": 3}  # timed steps a round, per size (`--set steps=N` sets both)
+PRESETS = {"tiny": "tiny", "small": "bert-base", "paper": "bert-large"}
+
+
+def row_name(size: str, threads: str) -> str:
+    return f"{size}-{threads}-thread{'s' * (threads == 'all')}"
+
+
+def rows(profile: str) -> list[Row]:
     return [
-        "",
-        f"## {record['machine']['slug']}",
-        "",
-        f"{describe(record['machine'])}. Commit {commit}{' (dirty)' * bool(prov['dirty'])}; {record['date']}; {tail}",
+        Row(
+            row_name(size, threads),
+            "l2l",
+            {"size": size, "threads": threads, "steps": n},
+            labels={"size": size},
+        )
+        for size, n in STEPS.items()
+        for threads in ("1", "all")
     ]
 
 
-def render(results_dir: Path) -> str:
-    """One section per machine (ratios only within a run), every run's rows as measured."""
-    lines = [
-        "# Host optimizer: ns per parameter (measured)",
-        "",
+def base(profile: str) -> dict:
+    """The host's own work whatever the machine's device (`cpu`); at tiny, the plumbing: 2 rounds, no DeepSpeed."""
+    tiny = {"rounds": 2, "deepspeed": False} if profile == "tiny" else {}
+    return {**defaults(SETTINGS), "device": "cpu", "model.preset": PRESETS[profile], **tiny}
+
+
+def candidate_line(row: dict) -> list[str]:
+    ratio = "—" if row["ratio"] is None else f"{row['ratio']:.2f}x ({row['ratio_min']:.2f}..{row['ratio_max']:.2f})"
+    target = "—" if row["target"] is None else f"<= {row['target']}x"
+    met = "—" if row["target"] is None else ("yes" if row["ratio"] <= row["target"] else "**no**")
+    fixed = "—" if row.get("fixed_us") is None else f"{row['fixed_us']:.0f} ({row['fixed_share']:.1%})"
+    ns = f"{row['ns_per_param']:.3f} ({row['ns_min']:.3f}..{row['ns_max']:.3f})"
+    return [row["name"], ns, f"{row['gb_per_s']:.1f}", ratio, target, met, fixed]
+
+
+HEAD = "update | ns/param (min..max) | GB/s | ratio (min..max over rounds) | target | met | fixed µs/step (share)"
+
+
+def detail(cells, records) -> list[str]:
+    """Every candidate of every measured cell, and the whole model's update as a share of the paper's L2L step."""
+    lines = []
+    for cell, m in measured(cells, records):
+        rows = m["candidates"]
+        ds = m["deepspeed"] or ("not installed" if cell.run.options["deepspeed"] else "not timed (deepspeed=false)")
+        kernel = "built" if m["fused_lamb"] else "unavailable (foreach fallback)"
+        lines += [
+            f"**{m['size']}** ({m['numel'] / 1e6:.1f}M parameters), **{m['threads']} thread(s)**, "
+            f"{rows[0]['samples']} steps each (`{cell.row.name}`; DeepSpeed {ds}; fused LAMB kernel {kernel}):",
+            "",
+            *md_table(HEAD.split(" | "), [candidate_line(r) for r in rows]),
+            "",
+            f"Ratios to: {rows[0]['ratio_to']}.",
+            "",
+        ]
+        if m["size"] == "model":
+            shares = [
+                f"{r['name']} {r['ns_per_param'] * m['numel'] / 1e9:.2f} s "
+                f"({r['ns_per_param'] * m['numel'] / 1e9 / PAPER_STEP_S:.0%})"
+                for r in rows
+                if r["name"].startswith("suite")
+            ]
+            lines += [f"Whole-model update, and its projected share of the paper's step: {'; '.join(shares)}.", ""]
+    return lines
+
+
+EXPERIMENT = benchmark(
+    "bench-host-optim",
+    "Host optimizer: ns per parameter (measured)",
+    "the suite's host optimizer (L2L's param server) against torch's and DeepSpeed's, at the model's shapes",
+    [
+        ("threads", "threads", "{:.0f}"),
+        ("lamb_fused_ns_per_param", "suite LAMB fused ns/param", "{:.3f}"),
+        ("lamb_fused_ratio", "LAMB ratio", "{:.2f}x"),
+        ("adamw_fused_ns_per_param", "suite AdamW fused ns/param", "{:.3f}"),
+        ("adamw_fused_ratio", "AdamW ratio", "{:.2f}x"),
+        ("triad_gb_per_s", "triad GB/s", "{:.1f}"),
+    ],
+    label_columns=["size"],
+    rows=rows,
+    base=base,
+    settings=SETTINGS,
+    detail=detail,
+    notes=(
         "What L2L's param server spends per parameter per step, against torch's fused and foreach AdamW and "
-        "DeepSpeed's CPU Adam (AdamW mode). Medians over interleaved rounds (each round builds each optimizer "
-        "anew, warms it up one step and times a few), min..max beside them. GB/s: the bytes an update must stream "
-        "at best "
+        "DeepSpeed's CPU Adam (AdamW mode): one encoder layer and the whole model (`paper`: BERT-Large), at one "
+        "thread and all. Medians over interleaved rounds (each round builds each optimizer anew, warms it up one "
+        "step and times a few), min..max beside them. GB/s: the bytes an update must stream at best "
         f"({BYTES['adamw']} per parameter for AdamW, {BYTES['lamb']} for two-pass LAMB, {BYTES['triad']} for the "
         "triad c = a + s*b, timed in the same rounds as the bandwidth reachable). Ratio: to the faster of torch's "
         "fused AdamW and DeepSpeed's CPU Adam (the lower median over the run, named under each table), round by "
         "round (each round's medians), the median over the rounds with their min..max; the target is judged on "
-        "that median. Targets: the suite's fused AdamW <= 1.05x, its "
-        "fused LAMB <= 1.6x. Fixed µs/step: the same update over the same tensors at one element each (Python, "
-        "dispatch, thread start-up: what a step costs whatever its sizes), median over the rounds, and its share of "
-        "the full step's median. Generated by `make bench-host-optim` (`python -m experiments.benchmarks.host_optim`).",
-        "",
-        f"The share of an L2L step is **projected**: this machine's measured seconds for the whole model's update "
-        f"against the paper's L2L-CMP step, {PAPER_STEP_S:.2f} s (Table 2: 256 samples at 52.48 samples/s on 4 "
-        "V100s), as if the update ran after the backward (overlap=off); measured apart, not together.",
-    ]
-    for f in sorted((results_dir / "host_optim").glob("*.json")):
-        r = json.loads(f.read_text())
-        lines += section_head(
-            r,
-            f"DeepSpeed {r['deepspeed'] or 'not installed'}; "
-            f"fused LAMB kernel {'built' if r['fused_lamb'] else 'unavailable (foreach fallback)'}.",
-        )
-        for run in r["runs"]:
-            lines += [
-                "",
-                f"**{run['size']}** ({run['numel'] / 1e6:.1f}M parameters), **{run['threads']} thread(s)**, "
-                f"{run['rows'][0]['samples']} steps each:",
-                "",
-                "| update | ns/param (min..max) | GB/s | ratio (min..max over rounds) | target | met "
-                "| fixed µs/step (share) |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for row in run["rows"]:
-                ratio = (
-                    "—"
-                    if row["ratio"] is None
-                    else f"{row['ratio']:.2f}x ({row['ratio_min']:.2f}..{row['ratio_max']:.2f})"
-                )
-                target = "—" if row["target"] is None else f"<= {row['target']}x"
-                met = "—" if row["target"] is None else ("yes" if row["ratio"] <= row["target"] else "**no**")
-                fixed = "—" if row.get("fixed_us") is None else f"{row['fixed_us']:.0f} ({row['fixed_share']:.1%})"
-                lines.append(
-                    f"| {row['name']} | {row['ns_per_param']:.3f} ({row['ns_min']:.3f}..{row['ns_max']:.3f}) | "
-                    f"{row['gb_per_s']:.1f} | {ratio} | {target} | {met} | {fixed} |"
-                )
-            lines += ["", f"Ratios to: {run['rows'][0]['ratio_to']}."]
-            if run["size"] == "model":
-                shares = [
-                    f"{row['name']} {row['ns_per_param'] * run['numel'] / 1e9:.2f} s "
-                    f"({row['ns_per_param'] * run['numel'] / 1e9 / PAPER_STEP_S:.0%})"
-                    for row in run["rows"]
-                    if row["name"].startswith("suite")
-                ]
-                lines += ["", f"Whole-model update, and its projected share of the paper's step: {'; '.join(shares)}."]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", default=",".join(SIZES), help="layer, model or both (comma-separated)")
-    p.add_argument("--threads", default="1,all", help="thread counts, 'all' for every usable core")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", default="layer=10,model=3", help="timed steps per round, per size")
-    args = p.parse_args(argv)
-    sizes = [s for s in args.sizes.split(",") if s]
-    bad = [s for s in sizes if s not in SIZES]
-    if bad:
-        p.error(f"--sizes: {bad} is not among {list(SIZES)}")
-    steps = dict(kv.split("=") for kv in args.steps.split(","))
-    usable = torch.get_num_threads()
-    threads = [usable if t == "all" else int(t) for t in args.threads.split(",")]
-    all_layers = bert_large_layers()
-    shapes = {"layer": [all_layers[1]], "model": all_layers}  # layer 1: the first encoder layer (12.6M)
-    ds = _deepspeed_adam()
-    record = {
-        "machine": fingerprint(),
-        "provenance": provenance(torch.device("cpu"), "paper", None),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "deepspeed": getattr(__import__("deepspeed"), "__version__", None) if ds else None,
-        "fused_lamb": fused_lamb.kernel() is not None,
-        "runs": [],
-    }
-    for size in sizes:
-        layers = make_params(shapes[size])
-        for t in threads:
-            m = measure(layers, t, args.rounds, int(steps.get(size, 3)))
-            rows = summarise(m)
-            record["runs"].append(
-                {
-                    "size": size,
-                    "threads": t,
-                    "numel": m["numel"],
-                    "rows": rows,
-                    "raw": m["times"],
-                    "fixed_raw": m["fixed"],
-                }
-            )
-            for row in rows:
-                print(f"{size} t={t} {row['name']}: {row['ns_per_param']:.3f} ns/param, {row['gb_per_s']:.1f} GB/s")
-        del layers
-        gc.collect()
-    set_threads(usable)
-    out = RESULTS_DIR / "host_optim"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{record['machine']['slug']}.json").write_text(json.dumps(record, indent=1, default=str))
-    (RESULTS_DIR / "host_optim.md").write_text(render(RESULTS_DIR))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        "that median. Targets: the suite's fused AdamW <= 1.05x, its fused LAMB <= 1.6x. Fixed µs/step: the same "
+        "update over the same tensors at one element each (Python, dispatch, thread start-up: what a step costs "
+        "whatever its sizes), median over the rounds, and its share of the full step's median. The share of an L2L "
+        "step is **projected**: this machine's measured seconds for the whole model's update against the paper's "
+        f"L2L-CMP step, {PAPER_STEP_S:.2f} s (Table 2: 256 samples at 52.48 samples/s on 4 V100s), as if the update "
+        "ran after the backward (overlap=off); measured apart, not together. `make bench-host-optim` runs it."
+    ),
+)

@@ -102,6 +102,11 @@ class Experiment:
     timeout: Callable[[str], float] = lambda profile: 1800.0 if profile == "paper" else 600.0
     figure: Callable | None = None
     rounds: int = 3  # timing rounds of each throughput cell, interleaved across the cells (ABC ABC ABC)
+    # Markdown lines under each section's table, from its cells and records (a benchmark's own table of one cell).
+    detail: Callable[[list, list], list[str]] | None = None
+    # Settings of this experiment's cells that no method declares (a benchmark's rounds): rows, profiles and
+    # `--set` give them like a method's options, and they land in the run's options.
+    settings: dict[str, registry.Option] = field(default_factory=dict)
 
     def cells(
         self,
@@ -132,6 +137,7 @@ class Experiment:
                 opts = registry.get(row.method).options
             else:  # a method still to come: keep its options unvalidated so the row records not_implemented
                 opts = {k: _Raw() for k in pairs if k not in override_keys()}
+            opts = {**self.settings, **opts}
             run = apply_overrides(RunConfig(method=row.method), pairs, opts)
             if overrides:
                 run = apply_overrides(run, overrides, opts)
@@ -176,6 +182,10 @@ EXPERIMENTS = Catalogue(
             ("2bw-fig8", "fig8_2bw"),
             ("2bw-fig9", "fig9_2bw"),
             ("planner-check", "planner_check"),
+            ("bench-overhead", "benchmarks.overhead"),
+            ("bench-host-optim", "benchmarks.host_optim"),
+            ("bench-l2l-host-step", "benchmarks.l2l_host_step"),
+            ("bench-pipeline", "benchmarks.pipeline_vs_torch"),
         )
     ],
 )

@@ -31,6 +31,10 @@ KINDS = Catalogue(
         ("planned", CellKind("methods.pipeline.planner.check:planned_cell")),
         ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
         ("count-search", CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True)),
+        ("bench-overhead", CellKind("experiments.benchmarks.overhead:overhead_cell")),
+        ("bench-host-optim", CellKind("experiments.benchmarks.host_optim:host_optim_cell")),
+        ("bench-l2l-host-step", CellKind("experiments.benchmarks.l2l_host_step:host_step_cell")),
+        ("bench-pipeline", CellKind("experiments.benchmarks.pipeline_vs_torch:pipeline_bench_cell")),
     ],
 )
 

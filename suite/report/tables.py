@@ -238,6 +238,7 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
             "",
         ]
     md += counted_breakdown(cells, records)
+    md += exp.detail(cells, records) if exp.detail is not None else []
     if exp.notes:
         md += [f"Notes: {exp.notes}", ""]
     md += ["Provenance:", ""]
