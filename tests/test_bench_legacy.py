@@ -77,7 +77,9 @@ def _pipeline_legacy() -> dict:
     return {"config": base.to_dict(), **setup, "results": results, "provenance": {**PROVENANCE, "profile": "tiny"}}
 
 
-def test_legacy_results_become_records_with_the_same_values(tmp_path):
+def test_legacy_results_become_records_with_the_same_values(tmp_path, monkeypatch):
+    # Files here are not in git: the commit that wrote a file without a date of its own is given.
+    monkeypatch.setattr(legacy, "last_commit", lambda path: ("abc123", "2026-11-21T11:28:44+00:00"))
     machine = fingerprint()
     over = {
         "profile": "tiny",
@@ -106,6 +108,7 @@ def test_legacy_results_become_records_with_the_same_values(tmp_path):
         0.949,
     )
     assert o["provenance"] == over["provenance"] and o["converted_from"]["file"] == "results/overhead/tiny-cpu.json"
+    assert o["finished"] == "2026-11-21T11:28:44+00:00" and o["converted_from"]["commit"] == "abc123"
     assert o["key"] == get_experiment("bench-overhead").cells("tiny", overrides=["device=cpu"])[0].key
     h = records["bench-host-optim"]
     assert h["machine"] == machine and h["row"] == "layer-1-thread" and h["finished"] == "2026-11-24T07:26:00+00:00"

@@ -6,6 +6,7 @@ import pytest
 from experiments.benchmarks import host_optim
 from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
+from suite.core.request import SweepRequest
 from suite.sweep import sweep
 
 
@@ -18,12 +19,14 @@ def test_the_cell_measures_every_candidate_through_the_runner_and_renders(tmp_pa
     monkeypatch.setenv("SUITE_MACHINE", "test-machine")
     exp = get_experiment("bench-host-optim")
     (rec,) = sweep(
-        exp,
-        "tiny",
-        only=["layer-1-thread"],
-        overrides=["rounds=2", "steps=1"],
-        results_dir=tmp_path,
-        wandb_mode="off",
+        SweepRequest(
+            exp,
+            "tiny",
+            only=["layer-1-thread"],
+            overrides=["rounds=2", "steps=1"],
+            results_dir=tmp_path,
+            wandb_mode="off",
+        ),
         progress=lambda m: None,
     )
     assert rec["status"] == "ok", rec.get("error")
@@ -59,7 +62,9 @@ def test_the_l2l_host_step_cell_measures_four_variants_through_the_runner(tmp_pa
     monkeypatch.setenv("SUITE_MACHINE", "test-machine")
     exp = get_experiment("bench-l2l-host-step")
     overrides = ["rounds=1", "steps=1"]
-    (rec,) = sweep(exp, "tiny", overrides=overrides, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None)
+    (rec,) = sweep(
+        SweepRequest(exp, "tiny", overrides=overrides, results_dir=tmp_path, wandb_mode="off"), progress=lambda m: None
+    )
     assert rec["status"] == "ok", rec.get("error")
     summary = rec["metrics"]["summary"]
     assert [(r["host_optim"], r["overlap"]) for r in summary["rows"]] == l2l_host_step.VARIANTS

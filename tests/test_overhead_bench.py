@@ -7,6 +7,7 @@ import torch
 from experiments.benchmarks.overhead import PROFILES, make_steps
 from suite.config.run import RunConfig, apply_overrides
 from suite.core.experiment import get_experiment
+from suite.core.request import SweepRequest
 from suite.records import store
 from suite.sweep import sweep
 
@@ -15,7 +16,9 @@ def test_the_cell_runs_through_the_runner_and_renders(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "test-machine")
     exp = get_experiment("bench-overhead")
     overrides = ["steps=2", "warmup=1", "seq_len=16"]
-    (rec,) = sweep(exp, "tiny", overrides=overrides, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None)
+    (rec,) = sweep(
+        SweepRequest(exp, "tiny", overrides=overrides, results_dir=tmp_path, wandb_mode="off"), progress=lambda m: None
+    )
     m = rec["metrics"]
     assert rec["status"] == "ok" and m["repeats"] == 2 and m["layered_step_s"] > 0 and m["plain_step_s"] > 0
     assert m["layered_over_plain"] == pytest.approx(m["layered_step_s"] / m["plain_step_s"])

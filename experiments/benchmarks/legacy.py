@@ -34,9 +34,13 @@ class Converted:
 
 
 def last_commit(path: Path) -> tuple[str | None, str | None]:
-    """The commit that last wrote `path` and its date (None, None for a file git does not hold)."""
+    """The commit that last wrote `path` and its date (None, None for a file git does not hold); the commit that
+    removed it after its conversion does not count."""
     proc = subprocess.run(
-        ["git", "log", "-1", "--format=%H %aI", "--", str(path)], cwd=ROOT, capture_output=True, text=True
+        ["git", "log", "-1", "--diff-filter=AM", "--format=%H %aI", "--", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     return tuple(proc.stdout.split()) if proc.returncode == 0 and proc.stdout.strip() else (None, None)
 
@@ -130,18 +134,19 @@ LEGACY = {
 def record(c: Converted, legacy: dict, source: Path, name: str) -> dict:
     """The record the runner would have written for the cell, with the legacy file's provenance and machine (none
     when it predates fingerprints) and its date, or, where it has none, that of the commit that last wrote it;
-    `name`: the file's, as the record names it."""
+    `name`: the file's, as the record names it. What the file never said (its duration, a sweep) stays absent."""
     cell = _cell(c)
     assert legacy["provenance"]["device"].startswith("cpu") and legacy["provenance"]["methodology"] == "1"
     commit, finished = last_commit(source)
     if "date" in legacy:
         finished = datetime.strptime(legacy["date"], "%Y-%m-%d %H:%M UTC").replace(tzinfo=timezone.utc).isoformat()
+    if finished is None:
+        raise ValueError(f"{name}: neither the file nor git's history says when it was measured")
     rec = {
         "status": "ok",
         "metrics": c.metrics,
         "error": None,
         "provenance": legacy["provenance"],
-        "duration_s": None,
         "rounds": 1,
         "key": cell.key,
         "experiment": c.experiment,
@@ -151,7 +156,6 @@ def record(c: Converted, legacy: dict, source: Path, name: str) -> dict:
         "device_type": cell.run.device,
         "variant": "",
         "config": cell.resolved(),
-        "sweep": None,
         "finished": finished,
         "converted_from": {
             "file": name,

@@ -41,6 +41,8 @@ class Record(Outcome):
     sweep: NotRequired[str]  # the sweep it was measured in: ratios are taken within one sweep only
     wandb_dir: NotRequired[str | None]  # the offline W&B run of the cell, where one was written
     schema: NotRequired[int]  # SCHEMA_VERSION when written; absent before the field (version 1)
+    # A record made by code from an earlier result file, not by the runner: the file, its commit, what made it.
+    converted_from: NotRequired[dict[str, Any]]
 
 
 def _matches(value: Any, hint: Any) -> bool:

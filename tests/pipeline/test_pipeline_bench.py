@@ -6,6 +6,7 @@ import pytest
 
 from experiments.benchmarks.pipeline_vs_torch import REFERENCE
 from suite.core.experiment import get_experiment
+from suite.core.request import SweepRequest
 from suite.sweep import sweep
 
 TINY = [
@@ -34,7 +35,9 @@ def check(rec: dict, m: int) -> None:
 def test_the_cell_runs_on_two_ranks_through_the_runner_and_renders(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "test-machine")
     exp = get_experiment("bench-pipeline")
-    (rec,) = sweep(exp, "tiny", overrides=TINY, results_dir=tmp_path, wandb_mode="off", progress=lambda m: None)
+    (rec,) = sweep(
+        SweepRequest(exp, "tiny", overrides=TINY, results_dir=tmp_path, wandb_mode="off"), progress=lambda m: None
+    )
     check(rec, 4)
     assert [r["run"] for r in rec["metrics"]["results"]] == [REFERENCE, "gpipe", "pipedream-flush", "torch-1f1b"]
     assert rec["metrics"]["ranks"] == 2 and rec["metrics"]["threads_per_rank"] == 1
@@ -45,7 +48,9 @@ def test_the_cell_runs_on_two_ranks_through_the_runner_and_renders(tmp_path, mon
 
 def test_pipeline_step_time_vs_torch_pipelining(benchmark):
     exp = get_experiment("bench-pipeline")
-    (rec,) = benchmark.pedantic(lambda: sweep(exp, "tiny", force=True, wandb_mode="off"), rounds=1, iterations=1)
+    (rec,) = benchmark.pedantic(
+        lambda: sweep(SweepRequest(exp, "tiny", force=True, wandb_mode="off")), rounds=1, iterations=1
+    )
     check(rec, 8)
     for r in rec["metrics"]["results"][1:]:
         benchmark.extra_info[f"{r['run']} speedup over grad_accum"] = r["speedup_over_grad_accum"]
