@@ -64,3 +64,20 @@ def test_a_missing_key_is_named_and_optional_ones_may_be_absent():
 def test_saved_records_carry_the_schema_version(tmp_path):
     store.save(tmp_path, "k", "m", dict(GOOD))
     assert store.load(tmp_path, "k", "m")["schema"] == SCHEMA_VERSION
+
+
+def test_an_outcome_off_the_schema_becomes_an_error_status(monkeypatch):
+    """What a cell's process writes is checked where it comes back: a kind returning no metrics dict is the cell's
+    error, not a record the store would later refuse."""
+    import sys
+
+    from suite.core import launcher
+
+    def bad_cell(world, cfg_path, out_path, nodes, rdzv_id):
+        outcome = {"status": "ok", "metrics": None, "provenance": None}
+        return [sys.executable, "-c", f"import json; json.dump({outcome!r}, open({out_path!r}, 'w'))"]
+
+    monkeypatch.setattr(launcher, "_command", bad_cell)
+    record, failure = launcher.launch({"row": "r"}, 1, 60.0)
+    assert record is None and failure["status"].startswith("error: the cell's outcome does not match")
+    assert "'metrics' is a NoneType" in failure["status"]

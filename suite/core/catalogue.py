@@ -23,8 +23,9 @@ class Entry:
 
 
 class Catalogue:
-    """Names to entries, given once each: a second entry of a name is refused, naming both places. Nothing is
-    imported until `load`, so a name costs no import and registers nothing by side effect."""
+    """Names to entries, given once each: a different second entry of a name is refused, naming both places (the
+    same entry again changes nothing). Nothing is imported until `load`, so a name costs no import and registers
+    nothing by side effect."""
 
     def __init__(self, what: str, entries: list[tuple[str, Entry]] = ()):
         self.what = what

@@ -18,7 +18,7 @@ from suite.core import registry
 from suite.core.experiment import Cell
 from suite.core.kinds import kind
 from suite.core.nodes import Coordinator
-from suite.records.schema import Outcome
+from suite.records.schema import Outcome, problems
 
 
 def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv_id: str | None) -> list[str]:
@@ -80,7 +80,10 @@ def launch(
         log_tail = Path(log_path).read_text(errors="replace")[-4000:]
         if status is None and os.path.exists(out_path):
             with open(out_path) as f:
-                return json.load(f), {}
+                outcome = json.load(f)
+            if not (wrong := problems(outcome, Outcome)):
+                return outcome, {}
+            status = f"error: the cell's outcome does not match the record schema: {', '.join(wrong)}"[:300]
         if status is None:
             status = f"error: cell process exited with code {proc.returncode} without a record"
             if proc.returncode and proc.returncode < 0 and -proc.returncode == signal.SIGKILL:

@@ -88,7 +88,6 @@ def not_run_reason(cell: Cell, measure: str) -> str | None:
 class Plan:
     """What a sweep does with each of its cells, in their order."""
 
-    cells: list[Cell]
     sweep: str  # the sweep's id: a new one, or the one a resumed partial record began in
     tags: dict[str, str] = field(default_factory=dict)  # how progress lines name each cell
     reused: dict[str, Record] = field(default_factory=dict)  # finished on this machine: kept as they are
@@ -97,13 +96,11 @@ class Plan:
     complete: list[Cell] = field(default_factory=list)  # resumed with every round asked for: finished as they stand
     todo: list[Cell] = field(default_factory=list)  # to measure (after their resumed rounds)
 
-    def rounds_done(self, cell: Cell) -> list[Outcome]:
-        return self.resumed.setdefault(cell.key, [])
-
 
 def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[[str], None]) -> Plan:
-    """Decide, from this machine's records alone, what becomes of each cell; reports each reused one."""
-    p = Plan(cells, new_sweep_id())
+    """Decide, from this machine's records (never another's) and the method registry, what becomes of each cell;
+    reports each reused one."""
+    p = Plan(new_sweep_id())
     for i, cell in enumerate(cells, 1):
         name = f"{req.experiment.name}/{cell.row.name}"
         p.tags[cell.key] = f"[{i}/{len(cells)}] {name} ({cell.row.method}, {req.profile})"

@@ -35,15 +35,16 @@ class Recorder:
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
-    def save(self, cell: Cell, outcome: Outcome, tracked_as: str | None = None) -> Record:
-        """Label and save `outcome` under this machine; `tracked_as` (a progress tag): a final record, logged to
-        W&B first (a failure there is reported under the tag, and the record is saved all the same)."""
+    def save(self, cell: Cell, outcome: Outcome, final: bool = False, tag: str = "") -> Record:
+        """Label and save `outcome` under this machine. A `final` one is then logged to W&B and saved again with its
+        run's folder: saved first, so that a runner killed inside W&B loses no measured cell; a failure there is
+        reported under the progress `tag`, and the record stands as saved."""
         record = self.label(cell, outcome)
-        try:
-            if tracked_as is not None:
+        store.save(self.req.results_dir, cell.key, self.machine["slug"], record)
+        if final:
+            try:
                 record["wandb_dir"] = tracking.log_record(record, self.req.wandb_mode)
-        except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
-            self.progress(f"{tracked_as}: W&B logging failed: {exc}")
-        finally:
-            store.save(self.req.results_dir, cell.key, self.machine["slug"], record)
+                store.save(self.req.results_dir, cell.key, self.machine["slug"], record)
+            except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
+                self.progress(f"{tag}: W&B logging failed: {exc}")
         return record

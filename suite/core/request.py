@@ -1,4 +1,5 @@
-"""What one sweep is asked to do: built once (by the command line), checked at once, passed down unchanged."""
+"""What one sweep is asked to do: built once (by the command line or the campaign), checked at once, passed down
+unchanged."""
 
 from __future__ import annotations
 

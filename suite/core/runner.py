@@ -19,8 +19,6 @@ from suite.measure.machine import fingerprint
 from suite.records import store
 from suite.records.schema import Outcome, Record
 
-PENDING: Outcome = {"status": "pending: left at the deadline", "metrics": {}, "provenance": None}
-
 
 def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tuple[list[Cell], list[Record]]:
     """Run (or reuse) every cell `req` asks for on this machine, one record and one W&B run per cell; returns
@@ -47,22 +45,25 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
         outcome = {"status": "not_implemented", "metrics": {}, "error": p.not_run[cell.key], "provenance": None}
         records[cell.key] = recorder.save(cell, outcome)
     if p.todo or p.complete:
-        counting = req.measure == "count"
-        how = "memory counted on fake tensors, once per cell" if counting else None
-        how = how or f"throughput cells in {req.rounds} interleaved round(s)"
-        verb = "counting" if counting else "measuring"
+        if req.measure == "count":
+            verb, how = "counting", "memory counted on fake tensors, once per cell"
+        else:
+            verb, how = "measuring", f"throughput cells in {req.rounds} interleaved round(s)"
         progress(f"{verb} {len(p.todo) + len(p.complete)} cell(s) on {fp['slug']}, sweep {p.sweep}: {how}")
     for cell in p.complete:  # resumed with as many rounds as this call asks for: finished as it stands
-        records[cell.key] = recorder.save(cell, merge(p.rounds_done(cell), len(p.rounds_done(cell))))
+        records[cell.key] = recorder.save(cell, merge(p.resumed[cell.key], len(p.resumed[cell.key])))
     records.update(Rounds(req, p, recorder, progress).run())
-    return cells, [records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) or PENDING for c in cells]
+    pending: Outcome = {"status": "pending: left at the deadline", "metrics": {}, "provenance": None}
+    return cells, [records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) or pending for c in cells]
 
 
 class Rounds:
     """The cells a plan leaves to measure, round by round, each round's outcome merged into the cell's record."""
 
     def __init__(self, req: SweepRequest, p: Plan, recorder: Recorder, progress: Callable[[str], None]):
-        self.req, self.plan, self.recorder, self.progress = req, p, recorder, progress
+        self.req, self.recorder, self.progress = req, recorder, progress
+        self.todo, self.tags, self.sweep = p.todo, p.tags, p.sweep
+        self.done = {c.key: list(p.resumed.get(c.key, [])) for c in p.todo}  # each cell's rounds: resumed, then new
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
         self.coord: Coordinator | None = None
         self.counts: dict[str, Future] = {}
@@ -73,7 +74,7 @@ class Rounds:
     def due(self, cell: Cell, r: int) -> bool:
         """Whether round `r` of `cell` runs: not when the cell takes fewer rounds, resumed past this one, or
         failed in an earlier one."""
-        done = self.plan.rounds_done(cell)
+        done = self.done[cell.key]
         return r <= self.planned(cell) and len(done) < r and not (done and done[-1]["status"] != "ok")
 
     def run(self) -> dict[str, Record]:
@@ -85,14 +86,14 @@ class Rounds:
         parallel = req.measure == "count" and self.coord is None and req.deadline is None
         ahead = ThreadPoolExecutor(os.cpu_count() or 1) if parallel else None
         if ahead is not None:
-            todo = [c for c in self.plan.todo if not self.plan.rounds_done(c)]
-            self.counts = {c.key: ahead.submit(run_cell, c, req.timeout) for c in todo}
+            fresh = [c for c in self.todo if not self.done[c.key]]
+            self.counts = {c.key: ahead.submit(run_cell, c, req.timeout) for c in fresh}
         completed = False
         try:
             for r in range(1, req.rounds + 1):
-                for cell in [c for c in self.plan.todo if self.due(c, r)]:
+                for cell in [c for c in self.todo if self.due(c, r)]:
                     planned = self.planned(cell)
-                    tag = self.plan.tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
+                    tag = self.tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
                     if req.deadline is not None and (self.left or time.time() + self.longest > req.deadline):
                         self.left.append(tag)
                         continue
@@ -115,18 +116,17 @@ class Rounds:
         self.progress(f"{tag}: running ...")
         started = time.time()
         if self.coord is not None and world_of(cell) > 1:
-            outcome = run_cell_on_nodes(cell, self.req.timeout, self.coord, self.plan.sweep, tag)
+            outcome = run_cell_on_nodes(cell, self.req.timeout, self.coord, self.sweep, tag)
         elif cell.key in self.counts:
             outcome = self.counts.pop(cell.key).result()
         else:
             outcome = run_cell(cell, self.req.timeout)
-        done = self.plan.rounds_done(cell)
-        done.append(outcome)
-        self.longest = max(self.longest, time.time() - started)  # the deadline's yardstick
         took = time.time() - started
-        merged = merge(done, self.planned(cell))
+        self.longest = max(self.longest, took)  # the deadline's yardstick
+        self.done[cell.key].append(outcome)
+        merged = merge(self.done[cell.key], self.planned(cell))
         final = not merged["status"].startswith("partial")
-        record = self.recorder.save(cell, merged, tracked_as=tag if final else None)  # saved before it is reported
+        record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
         m = record["metrics"]
         shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
         self.progress(f"{tag}: {record['status']} in {took:.1f}s{'; ' + shown if shown else ''}")
