@@ -77,7 +77,8 @@ bench: $(STAMP)
 # Adam (where installed), one BERT-Large layer and the whole model, 1 thread and all: results/bench-host-optim.md.
 # Then an L2L step with the fused and foreach host optimizer, overlapped or not: results/bench-l2l-host-step.md.
 # PROFILE=auto takes the shapes of the committed pages: BERT-Large's update (paper) on any machine; the L2L step of
-# BERT-Large with L2L-CMP on a GPU (paper), of BERT-Base on a CPU (small).
+# BERT-Large with L2L-CMP on a GPU (paper), of BERT-Base on a CPU (small). Like every table, the benchmarks reuse
+# this machine's records: RUN_FLAGS=--force measures again.
 HOST_OPTIM_PROFILE = $(if $(filter auto,$(PROFILE)),paper,$(PROFILE))
 L2L_STEP_PROFILE = $(if $(filter auto,$(PROFILE)),$(shell $(PY) -c \
 	"import torch; print('paper' if torch.cuda.is_available() else 'small')"),$(PROFILE))

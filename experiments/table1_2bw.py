@@ -139,7 +139,7 @@ def figure(exp, results_dir: Path) -> list[Path]:
 
 def _section_figure(title: str, cells, records):
     """One section's BERT and GPT-2 panels; None when no row finished."""
-    done = {c.row.name: r["metrics"] for c, r in zip(cells, records) if r and r.get("status") == "ok"}
+    done = {c.row.name: r["metrics"] for c, r in zip(cells, records) if r and r["status"] == "ok"}
     if not done:
         return None
     fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4), squeeze=False)

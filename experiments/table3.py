@@ -73,9 +73,7 @@ def _target_bars(secs):
     fig, ax = plots.pyplot().subplots(figsize=(6, 3.6))
     width = 0.8 / len(secs)
     for k, (title, cells, records) in enumerate(secs):
-        got = {
-            c.row.name: metrics_of(r).get("throughput") for c, r in zip(cells, records) if r and r.get("status") == "ok"
-        }
+        got = {c.row.name: metrics_of(r).get("throughput") for c, r in zip(cells, records) if r and r["status"] == "ok"}
         ratios = [
             got[f"l2l-cmp-u{u}"] / got[f"amp-rc-u{u}"] if got.get(f"l2l-cmp-u{u}") and got.get(f"amp-rc-u{u}") else 0.0
             for u in UBATCHES

@@ -75,7 +75,9 @@ STAGES = {
         sweeps=(
             Sweep("table5", dry_only=("stash-cpu-x1",)),
             Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
-            Sweep("bench-host-optim", dry_only=("layer-1-thread",)),
+            # The layer rows only: the whole model's rows take minutes of host time each, past a stage's budget
+            # (`suite run bench-host-optim --only 'model-*'` runs them on their own).
+            Sweep("bench-host-optim", only=("layer-1-thread", "layer-all-threads"), dry_only=("layer-1-thread",)),
             Sweep("bench-overhead", dry_set=("steps=2", "warmup=1")),
         ),
         bench=True,

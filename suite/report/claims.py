@@ -44,7 +44,7 @@ class Claim:
 
 
 def load_claims() -> list[Claim]:
-    """The claim definitions, `CLAIMS` in experiments/claims.py."""
+    """The claim definitions, `CLAIMS` of the package experiments/claims/."""
     return list(importlib.import_module(CLAIMS_MODULE).CLAIMS)
 
 

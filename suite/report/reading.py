@@ -25,9 +25,11 @@ class Where:
         return f"`{self.machine}`, {self.profile}, {'counted' if self.counted else 'measured'}"
 
     def matches(self, title: str) -> bool:
-        """Whether a section title of `tables.sections` is this one."""
+        """Whether a section title of `tables.sections` is this one: the experiment's default run, measured or
+        counted, never a variant (a cap, an override, several nodes)."""
         head = f"{self.profile} profile on {self.machine} ("
-        return title.startswith(head) and ("counted (fake tensors)" in title) == self.counted
+        variant = title.partition(" device)")[2]
+        return title.startswith(head) and variant == (", counted (fake tensors), not measured" if self.counted else "")
 
 
 @dataclass

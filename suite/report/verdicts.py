@@ -17,9 +17,12 @@ def flat(values: Sequence[float | None], labels: Sequence[str], tol: float = FLA
     if any(abs(v / first - 1) > tol for v, _ in have):
         worst = max(abs(v / first - 1) for v, _ in have)
         return f"not reproduced ({worst:.0%} from the shallowest)"
-    if len(have) < len(values):
+    if len(have) == len(values):
+        return "reproduced"
+    measured = [v is not None for v in values]
+    if measured == sorted(measured, reverse=True):  # every depth measured up to one, none after it
         return f"reproduced to {have[-1][1]}"
-    return "reproduced"
+    return f"reproduced at {', '.join(label for _, label in have)} (not measured at the others)"
 
 
 def out_of_memory(status: str, gb: float | None, cap_gb: float = 16.0) -> str:
