@@ -2,6 +2,7 @@
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,3 +213,26 @@ def test_fused_adamw_state_is_made_at_build():
     before = [t.data_ptr() for t in opt.state_tensors()]
     opt.step(0)
     assert [t.data_ptr() for t in opt.state_tensors()] == before and step.item() == 1.0
+
+
+def test_two_checkouts_of_one_source_share_one_build(tmp_path, monkeypatch):
+    """The kernel is built from a copy named by the source's digest, so a clone beside a working tree builds nothing
+    again (torch's build and ninja's rule name the source's path); an edited source is a new build."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    built = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append((kw["name"], kw["sources"])) or object())
+    for checkout in ("a", "b", "c"):
+        src = tmp_path / checkout / "lamb.cpp"
+        src.parent.mkdir()
+        src.write_text("// kernel\n" + ("// edited\n" if checkout == "c" else ""))
+        monkeypatch.setattr(fused_lamb, "SOURCE", src)
+        fused_lamb.kernel.cache_clear()
+        try:
+            assert fused_lamb.kernel() is not None
+        finally:
+            fused_lamb.kernel.cache_clear()
+    (a, b, c) = built
+    assert a == b and c[0] != a[0] and c[1] != a[1]
+    assert a[1][0].startswith(str(tmp_path / "ext" / "memtrain-sources")) and Path(a[1][0]).read_text() == "// kernel\n"

@@ -1,4 +1,5 @@
-"""The host's fused LAMB kernel (csrc/lamb.cpp), built just in time for this CPU, or None with a warning."""
+"""The host's fused LAMB kernel (csrc/lamb.cpp), built once per source and CPU and shared by every checkout, or
+None with a warning."""
 
 from __future__ import annotations
 
@@ -31,6 +32,23 @@ def _cpu_tag() -> str:
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
+def shared_source() -> tuple[Path, str]:
+    """The kernel's source, copied to a path named by its digest under torch's extension folder, and that digest.
+    Every checkout of the same source builds from this one path under one name, so the build (and ninja's rule,
+    which names the source's path) is one per source and CPU, made once and reused by every checkout and cell
+    process; a changed source is a new name, built anew."""
+    text = SOURCE.read_bytes()
+    digest = hashlib.blake2b(text, digest_size=6).hexdigest()
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    path = root / "memtrain-sources" / f"lamb-{digest}.cpp"
+    if not path.exists() or path.read_bytes() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(text)
+        os.replace(tmp, path)  # atomic: a process beside this one never reads half a source
+    return path, digest
+
+
 @functools.cache
 def kernel():
     """The compiled module (`lamb_step`), or None where it cannot be built (the caller falls back to foreach
@@ -48,9 +66,10 @@ def kernel():
         from torch.utils import cpp_extension
 
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
+        source, digest = shared_source()
         return cpp_extension.load(
-            name=f"memtrain_lamb_{_cpu_tag()}",
-            sources=[str(SOURCE)],
+            name=f"memtrain_lamb_{_cpu_tag()}_{digest}",
+            sources=[str(source)],
             extra_cflags=FLAGS + native,
             verbose=False,
         )
