@@ -1,0 +1,83 @@
+"""The sweep's steps read and tested alone: the request, the plan (nothing runs) and the recorder (nothing runs)."""
+
+import pytest
+from test_runner import make_experiment
+
+from suite.config.errors import ConfigError
+from suite.core.experiment import Row
+from suite.core.plan import expand, plan
+from suite.core.recorder import Recorder
+from suite.core.request import SweepRequest
+from suite.records import store, tracking
+
+
+@pytest.fixture
+def rows():
+    return [
+        Row("done", "grad_accum"),
+        Row("future", "not-a-method-yet"),
+        Row("half", "grad_accum", {"seed": 7}),
+        Row("whole", "grad_accum", {"seed": 8}),
+        Row("new", "grad_accum", {"seed": 9}),
+    ]
+
+
+def _outcome(status="ok", throughput=10.0, methodology="1"):
+    return {
+        "status": status,
+        "metrics": {"throughput": throughput},
+        "error": None,
+        "provenance": {"methodology": methodology},
+    }
+
+
+def test_a_request_is_checked_and_resolved_when_made(tmp_path, rows):
+    exp = make_experiment(rows)
+    req = SweepRequest(exp, "tiny", only=["d*"], overrides=["steps=2"], results_dir=tmp_path, wandb_mode="off")
+    assert (req.rounds, req.only, req.overrides, req.variant) == (exp.rounds, ("d*",), ("steps=2",), "set steps=2")
+    with pytest.raises(ConfigError, match="--rounds 0"):
+        SweepRequest(exp, "tiny", rounds=0)
+    with pytest.raises(ConfigError, match="--measure 'weigh'"):
+        SweepRequest(exp, "tiny", measure="weigh")
+    with pytest.raises(ConfigError, match="unknown profile"):
+        SweepRequest(exp, "huge")
+
+
+def test_the_plan_decides_each_cell_before_anything_runs(tmp_path, rows, monkeypatch):
+    """Reused (finished here), not run (no such method: why), resumed to completion, resumed in part, new."""
+    from suite.measure.step import METHODOLOGY_VERSION
+
+    req = SweepRequest(make_experiment(rows), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2)
+    cells = {c.row.name: c for c in expand(req)}
+    fp = {"slug": "m"}
+    rec = Recorder(req, fp, "old-sweep", progress=lambda m: None)
+    rec.save(cells["done"], _outcome())
+    one_round = [dict(_outcome(methodology=METHODOLOGY_VERSION))]
+    rec.save(cells["half"], {**_outcome(), "status": "partial: 1/2 rounds", "round_records": one_round})
+    rec.save(cells["whole"], {**_outcome(), "status": "partial: 1/2 rounds", "round_records": one_round * 2})
+    seen = []
+    p = plan(req, list(cells.values()), "m", seen.append)
+    assert list(p.reused) == [cells["done"].key] and any("done (grad_accum, tiny): ok (cached on m" in s for s in seen)
+    assert p.not_run == {cells["future"].key: "method 'not-a-method-yet' is not registered yet"}
+    assert [c.row.name for c in p.complete] == ["whole"] and [c.row.name for c in p.todo] == ["half", "new"]
+    assert len(p.resumed[cells["half"].key]) == 1 and p.sweep == "old-sweep"  # the rounds go on in their sweep
+    forced = plan(
+        SweepRequest(req.experiment, "tiny", results_dir=tmp_path, force=True), list(cells.values()), "m", print
+    )
+    assert not forced.reused and not forced.resumed and forced.sweep != "old-sweep"
+
+
+def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows, monkeypatch):
+    req = SweepRequest(make_experiment(rows), "tiny", results_dir=tmp_path, wandb_mode="offline")
+    (cell,) = expand(SweepRequest(req.experiment, "tiny", only=["done"], results_dir=tmp_path))
+    seen = []
+
+    def broken(record, mode):
+        assert store.load(tmp_path, cell.key, "m")["status"] == "ok"  # saved before W&B is asked
+        raise RuntimeError("no W&B here")
+
+    monkeypatch.setattr(tracking, "log_record", broken)
+    record = Recorder(req, {"slug": "m"}, "s1", seen.append).save(cell, _outcome(), final=True, tag="[1/1] done")
+    assert seen == ["[1/1] done: W&B logging failed: no W&B here"] and "wandb_dir" not in record
+    saved = store.load(tmp_path, cell.key, "m")
+    assert (saved["sweep"], saved["row"], saved["machine"], saved["variant"]) == ("s1", "done", {"slug": "m"}, "")
