@@ -6,7 +6,7 @@ import torch
 
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
-from suite.harness.device import autocast, flag, place, scalar
+from suite.harness.device import autocast, place, read_step
 from suite.harness.loss_scale import DynamicLossScaler
 from suite.harness.optim import LayerwiseOptimizer
 
@@ -38,16 +38,18 @@ class GradAccum(Method):
             self.scaler.scale_loss(loss).backward()
             total += loss.detach()
         grads = [p.grad for p in self.params if p.grad is not None]
-        skipped = flag(self.scaler.unscale_(grads)) if self.scaler.enabled else False
+        skipped = False
+        if self.scaler.enabled:  # the overflow decides the update: read with the loss, the step's one read-back
+            value, skipped = read_step(total, self.scaler.unscale_(grads))
         self.scaler.update(skipped)
         if not skipped:
             if self.run.clip_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, self.run.clip_grad_norm)
             self.opt.step(self.step_count)
         self.step_count += 1
-        return StepStats(
-            loss=scalar(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
-        )
+        if not self.scaler.enabled:  # the one read-back, after the update is queued
+            value, _ = read_step(total)
+        return StepStats(loss=value, samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().cpu().clone() for named in self.layer_params for n, p in named}

@@ -7,7 +7,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from suite.harness.device import flag, is_fake
+from suite.harness.device import host_flag, is_fake
 
 
 def _done() -> Future:
@@ -83,7 +83,7 @@ class HostUpdater:
 
     def _decide(self, prepared) -> tuple[bool, torch.Tensor | None]:
         """(skip the step?, clipping coefficient) from every layer's (found_inf, norms), in layer order."""
-        found = self.scaler.enabled and flag(torch.cat([f for f, _ in prepared]).any())
+        found = self.scaler.enabled and host_flag(torch.cat([f for f, _ in prepared]).any())
         if not self.clip or found:
             return found, None
         # As clip_grad_norm_ does: the norm of the per-tensor norms, stacked in parameter order.

@@ -13,6 +13,8 @@ import torch
 
 from suite.config.errors import ConfigError
 from suite.core.kinds import KINDS, kind
+from suite.harness import rng
+from suite.harness.device import device_type
 from suite.records.schema import Outcome
 
 
@@ -135,7 +137,9 @@ def count_rank(run, device, limit, rank: int = 0, world: int = 1, round_to: int 
         dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
         build = lambda: build_method(run, device)  # noqa: E731
-        return count(build, batches, device, cls.steady_after, CUDA_BLOCK if round_to is None else round_to, limit)
+        # Keyed dropout as the run's device draws it (the count builds on the CPU or `meta`): its masks' bytes.
+        with rng.forced(rng.path_for(torch.device(device_type(run.device)))):
+            return count(build, batches, device, cls.steady_after, CUDA_BLOCK if round_to is None else round_to, limit)
     finally:
         if world > 1:
             dist.destroy_process_group()

@@ -14,6 +14,8 @@ from suite.config.errors import ConfigError, did_you_mean
 from suite.config.run import RunConfig, apply_overrides, override_keys
 from suite.core import registry
 from suite.core.catalogue import Catalogue, Entry
+from suite.harness import rng
+from suite.harness.device import device_type
 from suite.measure.step import METHODOLOGY_VERSION
 
 PROFILES = ("tiny", "small", "paper", "auto")
@@ -75,6 +77,8 @@ class Cell:
             "kind": self.kind,
             "run": self.run.to_dict(),
             "methodology": METHODOLOGY_VERSION,
+            # The keyed dropout's draws where they are not the first harness's (the counter hash on CUDA).
+            **rng.harness_key(device_type(self.run.device)),
             **({"nnodes": self.nnodes} if self.nnodes > 1 else {}),  # keys of one-node cells stay as they were
         }
 

@@ -8,6 +8,7 @@ from typing import Iterator
 
 import torch
 
+from suite.harness.device import is_fake
 from suite.harness.families.lm import IGNORE
 from suite.harness.masking import NUM_SPECIAL, mask_tokens
 
@@ -24,6 +25,18 @@ class MicroBatch:
     labels: torch.Tensor
     offset: int = 0
     index: int = 0
+    # Per sample, whether every token is attended: read once from the host's copy when the batch is made, and
+    # carried through split, shard and to(), so that no step reads a device's mask back (MicroBatch.dense).
+    attended: tuple[bool, ...] | None = None
+
+    def __post_init__(self):
+        if self.attended is None:
+            self.attended = _attended(self.attention_mask, int(self.input_ids.shape[0]))
+
+    @property
+    def dense(self) -> bool | None:
+        """No sample is padded (None for a batch made on a device, whose mask the family then reads there)."""
+        return None if self.attended is None else all(self.attended)
 
     @property
     def size(self) -> int:
@@ -38,6 +51,16 @@ class MicroBatch:
             token_type_ids=move(self.token_type_ids),
             labels=move(self.labels),
         )
+
+
+def _attended(mask: torch.Tensor | None, rows: int) -> tuple[bool, ...] | None:
+    """Per row of `mask`, whether every token is attended, read on the host; None for a mask already on a device.
+    A counted step's fake mask takes the path a step normally takes (nothing padded)."""
+    if mask is None or is_fake(mask):
+        return (True,) * rows
+    if mask.device.type != "cpu":
+        return None
+    return tuple(mask.bool().all(dim=1).tolist())
 
 
 @dataclass
@@ -62,6 +85,7 @@ class MiniBatch(MicroBatch):
                 cut(self.labels, i),
                 offset=self.offset + i * b,
                 index=i,
+                attended=cut(self.attended, i),
             )
             for i in range(num_micro_batches)
         ]
@@ -78,6 +102,7 @@ class MiniBatch(MicroBatch):
             cut(self.token_type_ids),
             cut(self.labels),
             offset=self.offset + rank * b,
+            attended=cut(self.attended),
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -18,6 +19,13 @@ def resolve_device(name: str, rank: int = 0) -> torch.device:
             raise RuntimeError("device=cuda was asked for but torch sees no CUDA device; use device=cpu or auto")
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def device_type(name: str) -> str:
+    """The type of device a run's `device` setting takes on this machine ('auto' is CUDA where torch sees one)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name).type
 
 
 def autocast(device: torch.device, precision: str):
@@ -48,6 +56,39 @@ def flag(t, counted: bool = False) -> bool:
     """bool(t), or `counted` in a counted step: a branch on data (an fp16 overflow, padding) takes the
     path a step normally takes."""
     return counted if is_fake(t) else bool(t)
+
+
+def read_step(loss: torch.Tensor, found: torch.Tensor | None = None) -> tuple[float, bool]:
+    """(loss, overflowed): a step's one read-back of the device, the loss with (under fp16 scaling) the overflow
+    flag beside it in one transfer. A counted step reads nothing: NaN, and the path a step normally takes."""
+    if is_fake(loss):
+        return float("nan"), False
+    if found is None:
+        return float(loss), False
+    value, overflow = torch.stack([loss.detach().float().reshape(()), found.float().sum().to(loss.device)]).tolist()
+    return value, overflow != 0
+
+
+_host = threading.local()
+
+
+def host_flag(t: torch.Tensor) -> bool:
+    """bool(t) of a tensor the host already holds (a host optimizer's overflow flags): no device is waited for.
+    Refuses a tensor on a device; a counted step's fake one reads False."""
+    if is_fake(t):
+        return False
+    if t.device.type != "cpu":
+        raise ValueError(f"host_flag reads host tensors; this one is on {t.device}: read it with the step's loss")
+    _host.reading = True
+    try:
+        return bool(t)
+    finally:
+        _host.reading = False
+
+
+def reading_host() -> bool:
+    """Whether the current thread is inside host_flag (a read that is no device synchronisation)."""
+    return getattr(_host, "reading", False)
 
 
 def drop(module: torch.nn.Module) -> None:

@@ -49,6 +49,19 @@ def shared_source() -> tuple[Path, str]:
     return path, digest
 
 
+_why: list[str] = []  # why the build failed in this process, if it did
+
+
+def status() -> str | None:
+    """What the host's LAMB ran with, for the record: 'fused', 'foreach (fallback: why)', 'foreach
+    (SUITE_FUSED_LAMB=0)'; None where nothing asked for the fused kernel in this process."""
+    if not kernel.cache_info().currsize:
+        return None
+    if kernel() is not None:
+        return "fused"
+    return f"foreach (fallback: {_why[0]})" if _why else "foreach (SUITE_FUSED_LAMB=0)"
+
+
 @functools.cache
 def kernel():
     """The compiled module (`lamb_step`), or None where it cannot be built (the caller falls back to foreach
@@ -76,6 +89,7 @@ def kernel():
     except Exception as exc:  # noqa: BLE001 — no compiler, no ninja, a failed build: all mean the fallback
         if mode == "require":
             raise RuntimeError(f"the fused LAMB kernel did not build: {exc}") from exc
+        _why.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])
         warnings.warn(
             f"fused LAMB unavailable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
             "the host runs the foreach LAMB, about 3-5x slower per parameter. It needs a C++ compiler and ninja "

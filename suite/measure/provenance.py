@@ -11,6 +11,7 @@ from importlib import metadata
 import torch
 
 from suite.config.paths import ROOT
+from suite.harness import fused_lamb, rng
 from suite.measure.step import METHODOLOGY_VERSION
 
 CODE_PATHS = ("suite", "baselines", "methods", "experiments", "pyproject.toml")
@@ -70,4 +71,15 @@ def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
         "profile": profile,
         "methodology": METHODOLOGY_VERSION,
         "threads": torch.get_num_threads(),
+        "harness": harness(),
     }
+
+
+def harness() -> dict:
+    """What the harness ran with in this process: the keyed dropout's paths (with any fallback's reason) and the
+    host LAMB's kernel, where one was asked for."""
+    out: dict = {"dropout": rng.used()}
+    lamb = fused_lamb.status()
+    if lamb is not None:
+        out["host_lamb"] = lamb
+    return out

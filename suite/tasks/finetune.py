@@ -192,6 +192,7 @@ def trim(batch: MiniBatch) -> MiniBatch:
         input_ids=cut(batch.input_ids),
         attention_mask=cut(batch.attention_mask),
         token_type_ids=cut(batch.token_type_ids),
+        attended=None,  # read again from the cut mask: a sample may have lost all its padding
     )
 
 

@@ -76,8 +76,10 @@ class BertFamily:
         return [hf.bert.embeddings, *hf.bert.encoder.layer, BertHead(hf, cfg.pooling)]
 
     def mask(self, mb) -> torch.Tensor | None:
-        """Boolean (B, 1, 1, S) mask, True = attend; None when nothing is padded (the fast path)."""
-        if mb.attention_mask is None or flag(mb.attention_mask.all(), counted=True):
+        """Boolean (B, 1, 1, S) mask, True = attend; None when nothing is padded (the fast path). The batch
+        says which from its host copy (MicroBatch.dense); only a batch made on a device is read back here."""
+        dense = mb.dense if mb.dense is not None else flag(mb.attention_mask.all(), counted=True)
+        if mb.attention_mask is None or dense:
             return None
         return mb.attention_mask.bool()[:, None, None, :]
 
