@@ -15,6 +15,7 @@ from suite.config.errors import ConfigError
 from suite.core.kinds import KINDS, kind
 from suite.harness import rng
 from suite.harness.device import device_type
+from suite.measure import flops
 from suite.records.schema import Outcome
 
 
@@ -65,6 +66,8 @@ def throughput_cell(run, device, cap) -> dict:
     if run.ranks > 1:  # rank 0 timed its share; the cell's throughput is the whole minibatch's
         m["throughput_per_rank"] = m["throughput"]
         m["throughput"] = run.batch_size / m["step_time_median"]
+    if device.type == "cuda":  # achieved TFLOPS and MFU beside samples/s (suite.measure.flops states the formula)
+        m.update(flops.cuda_metrics(run, device, m, devices=type(method).world_size(run)))
     return m
 
 

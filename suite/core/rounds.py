@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from suite.measure import flops
 from suite.records.schema import Outcome, Record
 
 # Rates whose rounds are kept: the median is the cell's figure, min and max its spread.
@@ -40,6 +41,7 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
         m["step_time_min"] = min(r["metrics"]["step_time_min"] for r in ok)
         m["step_time_max"] = max(r["metrics"]["step_time_max"] for r in ok)
         m["timed_steps"] = sum(r["metrics"].get("timed_steps", 0) for r in ok)
+    m.update(flops.achieved(m))  # TFLOPS and MFU of the merged throughput
     for key in PEAKS:
         values = [r["metrics"][key] for r in ok if isinstance(r["metrics"].get(key), (int, float))]
         if values:

@@ -84,9 +84,10 @@ def _yes_no(x: Any) -> str:
     return "—" if x is None else ("yes" if x else "no")
 
 
-def columns(exp) -> list[Column]:
+def columns(exp, flops: bool = False) -> list[Column]:
     """The columns of one section: labels, status, sweep, then per metric ours (its rounds' spread when
-    timed in rounds) / paper / ratio to the baseline ours (whether within noise) / paper."""
+    timed in rounds; with `flops`, a CUDA section's achieved TFLOPS and MFU beside its throughput) / paper / ratio
+    to the baseline ours (whether within noise) / paper."""
     cols = [Column("row", "row", _text), Column("method", "method", _text)]
     cols += [Column(c, c, _text) for c in exp.label_columns]
     cols += [Column("status", "status", _text), Column("sweep", "sweep", _text)]
@@ -96,6 +97,8 @@ def columns(exp) -> list[Column]:
         cols.append(Column(ours + (f" ({unit})" if unit else ""), ours, _shower(m.fmt, unit)))
         if timed:
             cols.append(Column(f"{m.label} spread", "spread", _text))
+        if flops and m.key == "throughput":
+            cols += [Column("TFLOPS", "TFLOPS", _shower("{:.1f}", "")), Column("MFU", "MFU", _percent)]
         if m.paper:
             cols.append(
                 Column(f"{m.label} paper" + (f" ({unit})" if unit else ""), f"{m.label} paper", _paper_shower(unit))
@@ -108,7 +111,16 @@ def columns(exp) -> list[Column]:
     return cols
 
 
-def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
+def _percent(x: Any) -> str:
+    return "—" if _num(x) is None else f"{100 * x:.1f}%"
+
+
+def has_flops(records: list[Record | None]) -> bool:
+    """Whether a section's records carry achieved FLOPs (CUDA throughput cells since #29): its TFLOPS and MFU show."""
+    return any("model_tflops" in metrics_of(r) for r in records)
+
+
+def _values(exp, cell, rec, base_rec, base_row, flops: bool = False) -> list[Any]:
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
     metrics = metrics_of(rec)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
@@ -126,6 +138,11 @@ def _values(exp, cell, rec, base_rec, base_row) -> list[Any]:
         own = spread(metrics, m.key) if ours is not None else None
         if m.key in RATES:
             line.append(f"{m.fmt.format(own[0])}-{m.fmt.format(own[1])}" if own else None)
+        if flops and m.key == "throughput":
+            line += [
+                metrics.get("model_tflops") if ours is not None else None,
+                metrics.get("mfu") if ours is not None else None,
+            ]
         if m.paper:
             line.append(paper)
         if m.ratio:
@@ -153,8 +170,9 @@ def table_rows(exp, cells, records: list[Record | None]) -> tuple[list[str], lis
     base_idx = next((i for i, c in enumerate(cells) if c.row.name == exp.baseline), None)
     base_rec = records[base_idx] if base_idx is not None else None
     base_row = cells[base_idx].row if base_idx is not None else None
-    rows = [_values(exp, cell, rec, base_rec, base_row) for cell, rec in zip(cells, records)]
-    return [c.name for c in columns(exp)], rows
+    flops = has_flops(records)
+    rows = [_values(exp, cell, rec, base_rec, base_row, flops) for cell, rec in zip(cells, records)]
+    return [c.name for c in columns(exp, flops)], rows
 
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit|Expired)\b.*")
@@ -201,7 +219,7 @@ def _machine_line(records) -> str:
 
 def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, str]:
     """Markdown and CSV text of one section of an experiment's table, with its machine, notes and provenance."""
-    cols = columns(exp)
+    cols = columns(exp, has_flops(records))
     _, rows = table_rows(exp, cells, records)
     buf = io.StringIO()
     csv.writer(buf).writerows([[c.name for c in cols], *[[("" if v is None else v) for v in r] for r in rows]])
@@ -229,6 +247,14 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
         md += [
             "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
             "row's and the baseline's min-max spreads overlap, so the ratio does not tell them apart.",
+            "",
+        ]
+    if has_flops(records):
+        peaks = sorted({metrics_of(r).get("peak_of") for r in records if "model_tflops" in metrics_of(r)} - {None})
+        md += [
+            "TFLOPS: the model's training FLOPs per sample (three forwards' matmuls; a recompute's extra forward not "
+            "counted: that is the record's `hardware_tflops`) times the throughput, as `suite/measure/flops.py` "
+            f"states it. MFU: TFLOPS over the dense peak of {'; '.join(peaks) or 'the device'}.",
             "",
         ]
     if any(r and str(r.get("status", "")).startswith("partial") for r in records):

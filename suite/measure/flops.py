@@ -1,0 +1,95 @@
+"""A training step's FLOPs and the device's dense peak: the achieved TFLOPS and MFU of a CUDA throughput record.
+
+The formula, stated once (matmul FLOPs only, as in Narayanan et al. 2021, eq. 3; a multiply-add is 2 FLOPs).
+For L blocks of hidden size H and feed-forward size I over a sequence of S tokens, the forward of one block is
+
+    8 S H^2  (the Q, K, V and output projections)  +  4 S H I  (the two feed-forward matmuls)
+    + 4 S^2 H  (Q K^T and the probabilities times V, over all heads)
+
+and the head adds 2 H^2 + 2 H C per sequence (pooler and classifier: `classify`), 2 S H V for the vocabulary
+projection of a language model (`clm`), or 2 S H^2 + 2 S H V (`mlm`: BERT's transform, then the vocabulary).
+Training is three forwards' worth (the backward multiplies twice per forward matmul): the model FLOPs MFU is
+taken against. A recompute runs every block's forward once more: hardware FLOPs, counted apart (HFU), never in MFU.
+"""
+
+from __future__ import annotations
+
+# Dense peak TFLOPS (no sparsity) by precision, from each part's datasheet; first match of the device's name wins.
+# "fp32" is the CUDA cores' rate, which FP32 matmuls run at unless TF32 is allowed (torch's default: not).
+PEAKS: list[tuple[str, dict[str, float]]] = [
+    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0}),
+    ("H100", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),  # SXM5 (HBM3)
+    ("H200", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),  # SXM: the H100 SXM's compute
+    ("A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    ("V100", {"fp32": 15.7, "fp16": 125.0}),  # SXM2, the L2L paper's
+]
+
+
+def block_flops(seq: int, hidden: int, intermediate: int) -> float:
+    """Forward FLOPs of one transformer block over one sequence."""
+    return 8 * seq * hidden**2 + 4 * seq * hidden * intermediate + 4 * seq**2 * hidden
+
+
+def head_flops(objective: str, seq: int, hidden: int, vocab: int, labels: int) -> float:
+    """Forward FLOPs of the head over one sequence."""
+    if objective == "classify":
+        return 2 * hidden**2 + 2 * hidden * labels
+    if objective == "clm":
+        return 2 * seq * hidden * vocab
+    return 2 * seq * hidden**2 + 2 * seq * hidden * vocab  # mlm
+
+
+def per_sample(run) -> dict[str, float]:
+    """Model and hardware FLOPs of training on one sample of `run` (a RunConfig)."""
+    from suite.harness.families import FAMILIES
+
+    m = run.model.resolved()
+    block = block_flops(run.seq_len, m.hidden, m.intermediate)
+    forward = m.layers * block + head_flops(
+        FAMILIES[m.family].objective, run.seq_len, m.hidden, m.vocab_size, m.num_labels
+    )
+    recompute = str(run.options.get("recompute", "off")).lower() in ("on", "true")
+    return {
+        "flops_per_sample": 3 * forward,
+        "hardware_flops_per_sample": 3 * forward + (m.layers * block if recompute else 0),
+    }
+
+
+def peak_tflops(device_name: str, precision: str, tf32: bool = False) -> float | None:
+    """The dense peak of `device_name` at a run's precision (FP32 as TF32 where torch allows it); None if unknown."""
+    kind = "tf32" if precision == "fp32" and tf32 else precision
+    for part, peaks in PEAKS:
+        if part.lower() in device_name.lower():
+            return peaks.get(kind)
+    return None
+
+
+def achieved(metrics: dict) -> dict:
+    """TFLOPS and utilisation from a record's (merged) throughput and the FLOPs and peak the cell stored."""
+    rate, flops = metrics.get("throughput"), metrics.get("flops_per_sample")
+    if not isinstance(rate, (int, float)) or not flops:
+        return {}
+    out = {"model_tflops": rate * flops / 1e12, "hardware_tflops": rate * metrics["hardware_flops_per_sample"] / 1e12}
+    peak = metrics.get("peak_tflops")
+    if peak:
+        out["mfu"] = out["model_tflops"] / peak
+        out["hfu"] = out["hardware_tflops"] / peak
+    return out
+
+
+def cuda_metrics(run, device, metrics: dict, devices: int = 1) -> dict:
+    """What a CUDA throughput cell adds to its metrics: FLOPs per sample, the peak it is measured against (that of
+    all `devices` the step ran on), and the achieved TFLOPS, MFU and HFU."""
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    peak = peak_tflops(name, run.precision, tf32)
+    out = {
+        **per_sample(run),
+        "peak_tflops": peak * devices if peak else None,
+        "peak_of": f"{devices} x {name}, {'tf32' if run.precision == 'fp32' and tf32 else run.precision} dense"
+        + ("" if peak else ": not in suite.measure.flops.PEAKS, no MFU"),
+    }
+    return {**out, **achieved({**metrics, **out})}
