@@ -11,7 +11,7 @@ RUN_FLAGS ?=
 # MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
 MEASURE ?= time
 
-.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-host-optim table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-overhead bench-host-optim table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -82,6 +82,11 @@ bench: $(STAMP)
 HOST_OPTIM_PROFILE = $(if $(filter auto,$(PROFILE)),paper,$(PROFILE))
 L2L_STEP_PROFILE = $(if $(filter auto,$(PROFILE)),$(shell $(PY) -c \
 	"import torch; print('paper' if torch.cuda.is_available() else 'small')"),$(PROFILE))
+# The harness against a plain Hugging Face loop at each of OVERHEAD_PROFILES: results/bench-overhead.md.
+OVERHEAD_PROFILES ?= tiny small
+bench-overhead: $(STAMP)
+	for p in $(OVERHEAD_PROFILES); do $(PY) -m suite run bench-overhead --profile $$p $(RUN_FLAGS) || exit 1; done
+
 bench-host-optim: $(STAMP)
 	$(PY) -m suite run bench-host-optim --profile $(HOST_OPTIM_PROFILE) $(RUN_FLAGS)
 	$(PY) -m suite run bench-l2l-host-step --profile $(L2L_STEP_PROFILE)

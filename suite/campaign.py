@@ -78,7 +78,7 @@ STAGES = {
             # The layer rows only: the whole model's rows take minutes of host time each, past a stage's budget
             # (`suite run bench-host-optim --only 'model-*'` runs them on their own).
             Sweep("bench-host-optim", only=("layer-1-thread", "layer-all-threads"), dry_only=("layer-1-thread",)),
-            Sweep("bench-overhead", dry_set=("steps=2", "warmup=1")),
+            Sweep("bench-overhead", dry_set=("steps=2", "warmup=1", "rounds=2")),
         ),
         bench=True,
         counted=True,
