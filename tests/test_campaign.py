@@ -10,6 +10,7 @@ from suite import campaign, cli
 from suite.core import plan, runner
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
+from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.sweep import sweep
 
@@ -49,7 +50,7 @@ def _fake_cell(throughputs: dict, order: list, clock: list):
         clock[0] += 10.0  # each cell-round takes ten (fake) seconds
         tp = throughputs[cell.row.name].pop(0)
         metrics = {"throughput": tp, "step_time_median": 1 / tp, "step_time_min": 1 / tp, "step_time_max": 1 / tp}
-        prov = {"methodology": METHODOLOGY_VERSION, "commit": "c0ffee"}
+        prov = {"methodology": METHODOLOGY_VERSION, "commit": "c0ffee", "code": code_digest()}
         return {"status": "ok", "metrics": {**metrics, "timed_steps": 1}, "error": None, "provenance": prov}
 
     return run_cell

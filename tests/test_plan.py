@@ -8,6 +8,7 @@ from suite.core.experiment import Row
 from suite.core.plan import expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
+from suite.measure.provenance import code_digest
 from suite.records import store, tracking
 
 
@@ -27,7 +28,7 @@ def _outcome(status="ok", throughput=10.0, methodology="1"):
         "status": status,
         "metrics": {"throughput": throughput},
         "error": None,
-        "provenance": {"methodology": methodology},
+        "provenance": {"methodology": methodology, "code": code_digest()},
     }
 
 
@@ -81,3 +82,35 @@ def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows,
     assert seen == ["[1/1] done: W&B logging failed: no W&B here"] and "wandb_dir" not in record
     saved = store.load(tmp_path, cell.key, "m")
     assert (saved["sweep"], saved["row"], saved["machine"], saved["variant"]) == ("s1", "done", {"slug": "m"}, "")
+
+
+def test_a_resume_continues_only_rounds_of_the_same_code_and_harness():
+    """Rounds of other code (a digest of the tree) are measured anew; rounds of another harness (dropout path,
+    host LAMB kernel) are not merged with the latest one's."""
+    from suite.core.rounds import merge, resumable
+    from suite.measure.step import METHODOLOGY_VERSION as M
+
+    def rnd(tp, code=None, harness=None):
+        prov = {"methodology": M, "code": code or code_digest(), "harness": harness or {"dropout": {"per_sample": ""}}}
+        return {"status": "ok", "metrics": {"throughput": tp}, "provenance": prov}
+
+    partial = {"status": "partial: 2/3 rounds", "round_records": [rnd(10.0), rnd(12.0)]}
+    assert len(resumable(partial, M, code_digest())) == 2
+    assert resumable(partial, M, "another-tree") == []
+    older = {"status": "partial: 1/3 rounds", "round_records": [{**rnd(10.0), "provenance": {"methodology": M}}]}
+    assert resumable(older, M, code_digest()) == []  # made before the digest: measured anew
+    fallback = {"dropout": {"per_sample": ""}, "host_lamb": "foreach (fallback: no compiler)"}
+    merged = merge([rnd(10.0), rnd(12.0), rnd(30.0, harness=fallback)], planned=3)
+    assert merged["status"] == "partial: 1/3 rounds" and merged["metrics"]["throughput"] == 30.0
+    assert merge([rnd(10.0), rnd(12.0), rnd(11.0)], planned=3)["metrics"]["throughput"] == 11.0
+
+
+def test_the_code_digest_follows_the_files():
+    import importlib
+
+    from suite.measure import provenance
+
+    first = code_digest()
+    assert first == provenance.code_digest() and len(first) == 16
+    provenance.code_digest.cache_clear()
+    assert importlib.reload(provenance).code_digest() == first  # a fresh process hashes alike

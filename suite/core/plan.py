@@ -17,6 +17,7 @@ from suite.core.kinds import is_timed
 from suite.core.launcher import world_of
 from suite.core.request import SweepRequest
 from suite.core.rounds import resumable
+from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
 from suite.records.schema import Outcome, Record
@@ -105,7 +106,7 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
         name = f"{req.experiment.name}/{cell.row.name}"
         p.tags[cell.key] = f"[{i}/{len(cells)}] {name} ({cell.row.method}, {req.profile})"
         cached = store.load(req.results_dir, cell.key, machine, warn=progress)
-        kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION)
+        kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
         if kept:
             p.resumed[cell.key] = kept
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in

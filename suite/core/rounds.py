@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from suite.measure import flops
@@ -25,6 +26,8 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
     """One record from the records of a cell's rounds so far: `ok` once all `planned` rounds are, else the
     failed round's status, or `partial: k/n rounds` while rounds remain. Measured rounds are never dropped."""
     ok = [r for r in rounds if r["status"] == "ok"]
+    if ok:  # rounds of another code or harness (dropout path, host LAMB kernel) than the latest are not folded in
+        ok = [r for r in ok if comparable(r) == comparable(ok[-1])]
     last = rounds[-1]
     if last["status"] != "ok" and not ok:
         return dict(last, rounds=0)
@@ -59,12 +62,21 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
 ROUND_FIELDS = ("status", "metrics", "provenance", "duration_s")
 
 
-def resumable(record: Record | None, methodology: str) -> list[Outcome]:
-    """The measured rounds of a partial record made by the same methodology, to continue from; else none."""
+def comparable(outcome: Outcome) -> tuple:
+    """What rounds must share to be merged: the code they ran (provenance.code) and the harness it took."""
+    prov = outcome.get("provenance") or {}
+    return prov.get("code"), json.dumps(prov.get("harness"), sort_keys=True)
+
+
+def resumable(record: Record | None, methodology: str, code: str) -> list[Outcome]:
+    """The measured rounds of a partial record made by the same methodology and the same code (a digest of the
+    tree, suite.measure.provenance.code_digest), to continue from; else none: the cell is measured anew."""
     if not record or not str(record.get("status", "")).startswith("partial"):
         return []
     rounds = record.get("round_records") or []
     if any((r.get("provenance") or {}).get("methodology") != methodology for r in rounds):
+        return []
+    if any((r.get("provenance") or {}).get("code") != code for r in rounds):
         return []
     return [dict(r) for r in rounds if r.get("status") == "ok"]
 

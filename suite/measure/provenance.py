@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import platform
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -29,6 +32,20 @@ def _version(pkg: str) -> str | None:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
         return None
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the code as it is on disk (every file under CODE_PATHS but caches), git or no git: what a resume
+    must share with the rounds it continues. A copy sent to another machine hashes alike; any edit does not."""
+    h = hashlib.sha256()
+    for top in CODE_PATHS:
+        root = Path(ROOT) / top
+        files = [root] if root.is_file() else sorted(root.rglob("*"))
+        for f in files:
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".so", ".o"):
+                h.update(f.relative_to(Path(ROOT)).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def device_info(device: torch.device) -> dict:
@@ -70,6 +87,7 @@ def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
         "device_memory_cap_gb": cap / 1e9 if cap else None,
         "profile": profile,
         "methodology": METHODOLOGY_VERSION,
+        "code": code_digest(),
         "threads": torch.get_num_threads(),
         "harness": harness(),
     }
