@@ -17,6 +17,7 @@ from pathlib import Path
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
+from suite.core.launcher import close_shared_worker
 from suite.core.request import SweepRequest
 from suite.measure.machine import describe, fingerprint
 from suite.records.schema import Record
@@ -154,6 +155,7 @@ def run_stage(
     wandb_mode: str | None = "off",
     out: str | None = None,
     progress=print,
+    worker: bool = True,
 ) -> dict:
     """Run one stage until its work is done or its budget is spent; write its report (and a copy under `out`)."""
     if number not in STAGES:
@@ -215,6 +217,7 @@ def run_stage(
             results_dir=results_dir,
             rounds=1 if dry else rounds,
             deadline=deadline,
+            worker=worker,
         )
         records = sweep(req, progress)
         for row in exp.rows(profile):
@@ -272,10 +275,15 @@ def pack(results_dir: Path, machine: str, number: int, out: Path) -> Path:
     return path
 
 
-def run(stages: str, dry: bool, budget: float, rounds: int | None, out: str | None, results_dir=None) -> int:
+def run(
+    stages: str, dry: bool, budget: float, rounds: int | None, out: str | None, results_dir=None, worker: bool = True
+) -> int:
     """`all` or one stage number; returns 0 when every stage ran is done."""
     numbers = sorted(STAGES) if stages == "all" else [_stage_number(stages)]
-    reports = [run_stage(n, dry, budget, results_dir, rounds, out=out) for n in numbers]
+    try:
+        reports = [run_stage(n, dry, budget, results_dir, rounds, out=out, worker=worker) for n in numbers]
+    finally:
+        close_shared_worker()
     return 0 if all(r["done"] for r in reports) else 1
 
 

@@ -69,6 +69,7 @@ def _run(args) -> int:
         rounds=args.rounds,
         nodes=nodes,
         measure=args.measure,
+        worker=args.worker,
     )
     records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
@@ -134,7 +135,7 @@ def _plan(args) -> int:
 def _campaign(args) -> int:
     from suite import campaign
 
-    return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out)
+    return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out, worker=not args.fresh_processes)
 
 
 def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:
@@ -193,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--strict", action="store_true", help="exit non-zero if any cell errored or timed out")
     r.add_argument(
+        "--worker",
+        action="store_true",
+        help="single-rank throughput cells in one long-lived process, each model shape built once (the campaign's "
+        "way); default: a fresh process per cell-round",
+    )
+    r.add_argument(
         "--rounds",
         type=int,
         metavar="N",
@@ -249,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--budget", type=float, default=540.0, help="seconds a stage may take; the rest resumes (540)")
     g.add_argument("--rounds", type=int, metavar="N", help="timing rounds per throughput cell (the experiment's)")
     g.add_argument("--out", default=os.environ.get("OUT"), help="folder for a copy of the results (default: $OUT)")
+    g.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="a fresh process per cell-round instead of one long-lived worker for single-rank throughput cells",
+    )
     g.set_defaults(fn=_campaign)
     return p
 

@@ -41,3 +41,21 @@ def _unscaled_peer():
 
 
 _unscaled_peer()
+
+
+@register("dies")
+class Dies(GradAccum):
+    """Kills its own process in the step, as the kernel's OOM killer would: SIGKILL, no record."""
+
+    def step(self, batch):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def register_again() -> None:
+    """Register this module's cell-failing methods in a test process that unregistered them (the module stays
+    imported, so importing it again registers nothing)."""
+    for name, cls in (("always-fails", AlwaysFails), ("sleeps", Sleeps), ("dies", Dies)):
+        register(name)(cls)

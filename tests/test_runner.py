@@ -49,6 +49,9 @@ def plugins(monkeypatch):
     monkeypatch.setenv("SUITE_PLUGINS", "plugin_methods")
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
     registry.load_plugins()  # always-fails in this process too
+    import plugin_methods
+
+    plugin_methods.register_again()  # after another test unregistered them
 
     yield
     registry.unregister("always-fails")

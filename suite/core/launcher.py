@@ -3,6 +3,7 @@ a session of its own that dies with the runner; returns the record the cell wrot
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -28,6 +29,15 @@ def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv
     return guard + [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
 
 
+def _env(ranks_here: int) -> dict:
+    """A cell process's environment: the tree on its path, and one OpenMP team per core across this machine's
+    ranks (oversubscribed teams spin and can make a small CPU step tens of times slower; an explicit
+    OMP_NUM_THREADS wins)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [paths.ROOT, os.environ.get("PYTHONPATH")]))}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_here)))
+    return env
+
+
 def world_of(cell: Cell) -> int:
     """How many ranks the cell runs on (through torchrun when more than one); a count takes every rank in one."""
     if kind(cell.kind).one_process:
@@ -51,11 +61,8 @@ def launch(
         cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
         with open(cfg_path, "w") as f:
             json.dump(payload, f, default=str)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [paths.ROOT, os.environ.get("PYTHONPATH")]))}
-        # One OpenMP team per core across this machine's ranks: oversubscribed teams spin and can make a
-        # small CPU step tens of times slower. An explicit OMP_NUM_THREADS wins.
         here = nodes.ranks_per_node(world) if nodes is not None and world > 1 else world
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // here)))
+        env = _env(here)
         with open(log_path, "w") as log:
             # A new session so that a timeout kills the cell and every rank it started.
             proc = subprocess.Popen(
@@ -79,16 +86,132 @@ def launch(
                     proc.wait()
         log_tail = Path(log_path).read_text(errors="replace")[-4000:]
         if status is None and os.path.exists(out_path):
-            with open(out_path) as f:
-                outcome = json.load(f)
-            if not (wrong := problems(outcome, Outcome)):
+            outcome, status = _read(out_path)
+            if outcome is not None:
                 return outcome, {}
-            status = f"error: the cell's outcome does not match the record schema: {', '.join(wrong)}"[:300]
         if status is None:
             status = f"error: cell process exited with code {proc.returncode} without a record"
             if proc.returncode and proc.returncode < 0 and -proc.returncode == signal.SIGKILL:
                 status = "oom"  # killed by the kernel's OOM killer
         return None, {"status": status, "metrics": {}, "error": log_tail, "provenance": None}
+
+
+def _read(out_path: str) -> tuple[Outcome | None, str | None]:
+    """The outcome a cell process wrote, or the error status of one that does not match the record schema."""
+    with open(out_path) as f:
+        outcome = json.load(f)
+    if not (wrong := problems(outcome, Outcome)):
+        return outcome, None
+    return None, f"error: the cell's outcome does not match the record schema: {', '.join(wrong)}"[:300]
+
+
+class Worker:
+    """The runner's side of a long-lived cell process (suite.core.worker) for single-rank throughput cells: started
+    when first needed, under the orphan guard and in a session of its own; each job timed out like a cell. A worker
+    that dies, or is killed at a timeout, leaves its job one status (`oom` where the kernel killed it, `timeout`, or
+    an error with its log's tail) and the next job starts a new one."""
+
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="suite-worker-")
+        self.proc: subprocess.Popen | None = None
+        self.jobs = self.started = 0
+        self.log_path = os.path.join(self.tmp.name, "log.txt")
+
+    def _start(self) -> None:
+        self.log = open(self.log_path, "a")
+        guard = [sys.executable, "-m", "suite.core.orphans", str(os.getpid())]
+        self.proc = subprocess.Popen(
+            guard + [sys.executable, "-m", "suite.core.worker"],
+            stdin=subprocess.PIPE,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=_env(1),
+            cwd=paths.ROOT,
+            start_new_session=True,
+            text=True,
+        )
+        self.started += 1
+
+    def run(self, payload: dict, timeout: float) -> Outcome:
+        """One cell in the worker; returns its outcome, or the status it gets without one."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.jobs += 1
+        out_path = os.path.join(self.tmp.name, f"out-{self.jobs}.json")
+        log_from = os.path.getsize(self.log_path)
+        status = None
+        try:
+            self.proc.stdin.write(json.dumps({"payload": payload, "out": out_path}, default=str) + "\n")
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(out_path):
+                if self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    killed = code is not None and code < 0 and -code == signal.SIGKILL
+                    status = "oom" if killed else f"error: the worker exited with code {code} without a record"
+                    break
+                if time.monotonic() > deadline:
+                    status = "timeout"
+                    break
+                time.sleep(0.02)
+        except KeyboardInterrupt:
+            status = "error: interrupted"
+        except BrokenPipeError:
+            status = "error: the worker was gone before its job"
+        if status is None:
+            outcome, status = _read(out_path)
+            if outcome is not None:
+                return outcome
+        self.stop()  # a worker that failed a job is not trusted with another
+        with open(self.log_path, errors="replace") as f:
+            f.seek(log_from)
+            tail = f.read()[-4000:]
+        return {"status": status, "metrics": {}, "error": tail, "provenance": None}
+
+    def stop(self) -> None:
+        """End the worker: its stdin closed, then its session killed if it is still there."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+    def close(self) -> None:
+        self.stop()
+        self.tmp.cleanup()
+
+
+_shared: Worker | None = None
+
+
+def shared_worker() -> Worker:
+    """The worker every sweep of this runner shares (a campaign's stages, one sweep after another), started when
+    first needed; close_shared_worker ends it (it dies with the runner in any case)."""
+    global _shared
+    if _shared is None:
+        _shared = Worker()
+        atexit.register(close_shared_worker)
+    return _shared
+
+
+def close_shared_worker() -> None:
+    global _shared
+    if _shared is not None:
+        _shared.close()
+        _shared = None
+
+
+def pooled(cell: Cell) -> bool:
+    """Whether a cell may run in a worker: a single-rank timed cell of the method it builds (several ranks need their
+    own processes; the benchmarks and counts keep theirs)."""
+    return kind(cell.kind).timed and world_of(cell) == 1
 
 
 def run_cell_on_nodes(cell: Cell, timeout: float | None, coord: Coordinator, sweep_id: str, tag: str) -> Outcome:

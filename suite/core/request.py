@@ -20,9 +20,11 @@ class SweepRequest:
     """One experiment at one profile: which rows (`only`: names or shell patterns), re-run finished cells or not
     (`force`), a device-memory cap and `--set` overrides, the W&B mode, where records go, seconds per cell
     (`timeout`, else the experiment's), timing rounds (else the experiment's), a `deadline` (epoch seconds) past
-    which no cell-round starts, the nodes a multi-rank cell spans, and whether memory is measured or counted
-    (`measure`: time | count). Bad values are one-line ConfigErrors when it is made, before anything runs; the
-    defaults are resolved then too ('auto' profile, rounds, W&B mode, results folder)."""
+    which no cell-round starts, the nodes a multi-rank cell spans, whether memory is measured or counted
+    (`measure`: time | count), and whether single-rank throughput cells share one long-lived `worker` process
+    (each model shape built once) instead of a fresh process each. Bad values are one-line ConfigErrors when it
+    is made, before anything runs; the defaults are resolved then too ('auto' profile, rounds, W&B mode, results
+    folder)."""
 
     experiment: Experiment
     profile: str = "auto"
@@ -37,6 +39,7 @@ class SweepRequest:
     deadline: float | None = None
     nodes: Nodes | None = None
     measure: str = "time"
+    worker: bool = False  # single-rank throughput cells in one long-lived process (suite.core.worker)
 
     def __post_init__(self):
         def resolve(field: str, value) -> None:

@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
-from suite.core.launcher import follow, run_cell, run_cell_on_nodes, world_of
+from suite.core.launcher import follow, pooled, run_cell, run_cell_on_nodes, shared_worker, world_of
 from suite.core.nodes import Coordinator
 from suite.core.plan import Plan, expand, plan
 from suite.core.recorder import Recorder
@@ -67,6 +67,7 @@ class Rounds:
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
         self.coord: Coordinator | None = None
         self.counts: dict[str, Future] = {}
+        self.worker = shared_worker() if req.worker and req.measure == "time" else None
 
     def planned(self, cell: Cell) -> int:
         return self.req.planned_rounds(is_timed(cell.kind))
@@ -119,6 +120,8 @@ class Rounds:
             outcome = run_cell_on_nodes(cell, self.req.timeout, self.coord, self.sweep, tag)
         elif cell.key in self.counts:
             outcome = self.counts.pop(cell.key).result()
+        elif self.worker is not None and pooled(cell):
+            outcome = self.worker.run(cell.resolved(), cell.timeout if self.req.timeout is None else self.req.timeout)
         else:
             outcome = run_cell(cell, self.req.timeout)
         took = time.time() - started

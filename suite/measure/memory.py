@@ -84,5 +84,24 @@ def apply_device_memory_cap(size: str | None, device: torch.device) -> int | Non
 
 
 def host_peak_bytes() -> int:
-    """Peak resident set size of this process (Linux reports KiB)."""
+    """Peak resident set size of this process since it started or since reset_host_peak (Linux: VmHWM; elsewhere
+    the process's ru_maxrss, which no reset lowers)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_host_peak() -> bool:
+    """Start host_peak_bytes again from the present resident set (a long-lived worker, between cells); whether the
+    kernel allowed it (/proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
