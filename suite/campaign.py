@@ -19,6 +19,7 @@ from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
 from suite.core.launcher import close_shared_worker
 from suite.core.request import SweepRequest
+from suite.estimate import estimate
 from suite.measure.machine import describe, fingerprint
 from suite.records.schema import Record
 from suite.sweep import sweep
@@ -188,6 +189,10 @@ def run_stage(
         "left": [],
     }
     progress(f"stage {number}: {stage.title} ({'dry run, tiny' if dry else 'paper'} on {fp['slug']})")
+    if not dry:  # what the estimate said beside what the stage took, for the next estimate to be judged by
+        lines = [ln for ln in estimate(STAGES, fp["slug"], rounds, worker, results_dir) if ln.stage == number]
+        report["estimate_s"] = round(sum(ln.seconds for ln in lines), 1)
+        report["estimate"] = [vars(ln) for ln in lines]
     if number == 1:
         env = environment(fp)
         (here / "environment.json").write_text(json.dumps(env, indent=1, default=str))
@@ -249,6 +254,8 @@ def run_stage(
         else:
             report["left"].append("counted against measured")
     report["seconds"] = round(time.time() - started, 1)
+    if "estimate_s" in report:
+        progress(f"stage {number}: estimated {report['estimate_s']:.0f} s, took {report['seconds']:.0f} s")
     report["done"] = not report["left"] and all(
         (report.get(k) or {}).get("exit") in (0, None) for k in ("cuda_tests", "bench", "counted_vs_measured")
     )

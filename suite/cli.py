@@ -135,6 +135,11 @@ def _plan(args) -> int:
 def _campaign(args) -> int:
     from suite import campaign
 
+    if args.estimate:
+        from suite.estimate import estimate, report
+
+        print(report(estimate(campaign.STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
+        return 0
     return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out, worker=not args.fresh_processes)
 
 
@@ -256,6 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--budget", type=float, default=540.0, help="seconds a stage may take; the rest resumes (540)")
     g.add_argument("--rounds", type=int, metavar="N", help="timing rounds per throughput cell (the experiment's)")
     g.add_argument("--out", default=os.environ.get("OUT"), help="folder for a copy of the results (default: $OUT)")
+    g.add_argument(
+        "--estimate",
+        action="store_true",
+        help="run nothing: list every stage's cells with their estimated device seconds on --device",
+    )
+    g.add_argument(
+        "--device",
+        default="h100",
+        help="the machine the estimate is for: its records' prefix under results/runs/ (h100, h200)",
+    )
     g.add_argument(
         "--fresh-processes",
         action="store_true",

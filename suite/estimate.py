@@ -1,0 +1,189 @@
+"""What a GPU campaign will cost before a GPU is lent: each stage's cells with their estimated device seconds.
+
+A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
+- the step time is the target machine's own record of the cell where one was measured (`measured`), else the
+  model's training FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
+  (`flops`), else at the median of all its records;
+- a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and,
+  once per model shape, the build: the fresh-process overhead the target's records show (their duration per round
+  less their timed part), scaled by depth; a cell in its own process (several ranks, an expected OOM, a benchmark)
+  pays that whole overhead every round;
+- a cell the target machine recorded `oom` costs what that record took;
+- the tests of stages 1 and 3 cost what that machine's stage reports say they took, else TESTS_S.
+Every assumption is named in the line it shapes. The last line is `estimated device time: N s`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from suite.config import paths
+from suite.core.experiment import Cell, get_experiment
+from suite.core.kinds import kind
+from suite.core.launcher import pooled
+from suite.core.registry import get as get_method
+from suite.measure import flops
+from suite.records.schema import Record
+from suite.records.store import all_records, machine_of
+
+WORKER_CELL_S = 2.0  # assumed: a pooled cell's copy, upload to the GPU and first-step kernels (not yet measured)
+TESTS_S = 120.0  # assumed: a stage's tests where no report of the target machine says how long they took
+DEFAULT_OVERHEAD_S = 15.0  # assumed where the target has no record: the H100 run's fresh processes took 14-18 s
+DEFAULT_MFU = 0.1  # assumed where the target has no record at all
+PEAK_OF = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
+
+
+@dataclass
+class Line:
+    stage: int
+    what: str
+    rounds: int
+    seconds: float
+    source: str
+
+
+def _timed(cell: Cell) -> int:
+    return cell.run.warmup + cell.run.steps
+
+
+def _step_time(rec: Record | None) -> float | None:
+    m = (rec or {}).get("metrics") or {}
+    return m.get("step_time_median") if isinstance(m.get("step_time_median"), (int, float)) else None
+
+
+class CostTable:
+    """The target machine's records, read for step times, achieved MFU and process overheads."""
+
+    def __init__(self, device: str, results_dir: Path):
+        self.device = device
+        recs = [r for r in all_records(results_dir) if machine_of(r).startswith(device)]
+        self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
+        self.machine = machine_of(recs[0]) if recs else None
+        self.peak_name = PEAK_OF.get(device, device)
+        overheads, self.mfu_by_method = [], {}
+        for r in recs:
+            st, rounds = _step_time(r), r.get("rounds") or 0
+            run = r["config"]["run"]
+            if st is None or not rounds or not r.get("duration_s"):
+                continue
+            overheads.append(r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st)
+            mfu = self._mfu(run, r["metrics"]["throughput"])
+            if mfu:
+                self.mfu_by_method.setdefault(run["method"], []).append(mfu)
+        self.overhead = statistics.median(overheads) if overheads else None
+        every = [m for ms in self.mfu_by_method.values() for m in ms]
+        self.mfu_all = statistics.median(every) if every else None
+
+    def _mfu(self, run: dict, throughput: float) -> float | None:
+        from suite.config.run import RunConfig
+
+        cfg = RunConfig.from_dict(run)
+        peak = flops.peak_tflops(self.peak_name, cfg.precision)
+        return throughput * flops.per_sample(cfg)["flops_per_sample"] / 1e12 / peak if peak else None
+
+    def step(self, cell: Cell) -> tuple[float, str]:
+        """Seconds per step of `cell` on the target, and where the figure comes from."""
+        rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
+        if _step_time(rec) is not None:
+            return _step_time(rec), "measured"
+        mfus = self.mfu_by_method.get(cell.run.method)
+        mfu, whose = (statistics.median(mfus), cell.run.method) if mfus else (self.mfu_all, "all methods")
+        if mfu is None:
+            mfu, whose = DEFAULT_MFU, "assumed"
+        peak = flops.peak_tflops(self.peak_name, cell.run.precision) or flops.peak_tflops(self.peak_name, "fp32")
+        per_step = flops.per_sample(cell.run)["hardware_flops_per_sample"] * cell.run.batch_size
+        return per_step / (peak * 1e12 * mfu), f"flops at {100 * mfu:.1f}% MFU ({whose})"
+
+    def oom(self, cell: Cell) -> float | None:
+        rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
+        return rec.get("duration_s") if rec and rec["status"] == "oom" else None
+
+    def fresh_overhead(self, layers: int) -> float:
+        return (self.overhead if self.overhead is not None else DEFAULT_OVERHEAD_S) * max(layers, 24) / 24
+
+
+def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str) -> float | None:
+    if machine is None:
+        return None
+    path = results_dir / "campaign" / machine / f"stage-{stage}.json"
+    if not path.exists():
+        return None
+    part = json.loads(path.read_text()).get(key)
+    return part.get("seconds") if isinstance(part, dict) else None
+
+
+def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
+    """A benchmark in its own process: the overhead benchmark's repeats of both sides at the model's step time;
+    another benchmark (its own host work) is assumed at TESTS_S / 2."""
+    if cell.kind != "bench-overhead":
+        return TESTS_S / 2, "assumed (a host benchmark)"
+    step, src = table.step(cell)
+    o = cell.run.options
+    repeats = _timed(cell) if o.get("compare") != "step" else cell.run.warmup + o["rounds"] * cell.run.steps
+    return table.fresh_overhead(cell.run.model.resolved().layers) + 2 * repeats * step, f"own process; steps {src}"
+
+
+def estimate(
+    stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None
+) -> list[Line]:
+    """Every stage's lines (suite.campaign.STAGES): its tests, then each sweep's cells in the order they run (round
+    by round, the worker keeping one model shape at a time, L2L's cells emptying it), each with its rounds and
+    estimated device seconds."""
+    results_dir = Path(results_dir or paths.RESULTS_DIR)
+    table = CostTable(device, results_dir)
+    lines: list[Line] = []
+    last_shape = None  # what the worker's pool holds
+    for number, stage in stages.items():
+        for flag, key in (("cuda_tests", "cuda_tests"), ("counted", "counted_vs_measured"), ("bench", "bench")):
+            if getattr(stage, flag):
+                took = _report_seconds(results_dir, table.machine, number, key)
+                src = f"stage {number}'s report on {table.machine}" if took is not None else "assumed"
+                lines.append(Line(number, key.replace("_", " "), 1, took if took is not None else TESTS_S, src))
+        for s in stage.sweeps:
+            exp = get_experiment(s.experiment)
+            cells = [c for c in exp.cells("paper", list(s.only) if s.only else None, None, None) if not c.row.skip]
+            per_cell: dict[str, Line] = {}
+            for cell in cells:
+                what = f"{s.experiment}/{cell.row.name}"
+                if (oom := table.oom(cell)) is not None:
+                    per_cell[what] = Line(number, what, 1, oom, "its oom record (a fresh process)")
+                elif not kind(cell.kind).builds_method:
+                    per_cell[what] = Line(number, what, 1, *_bench_seconds(cell, table))
+            fixed = set(per_cell)  # oom records and benchmarks: costed whole above
+            n_rounds = rounds or exp.rounds
+            for r in range(1, n_rounds + 1):
+                for cell in cells:
+                    what = f"{s.experiment}/{cell.row.name}"
+                    n = n_rounds if kind(cell.kind).timed else 1
+                    if what in fixed or r > n:
+                        continue
+                    step, src = table.step(cell)
+                    layers = cell.run.model.resolved().layers
+                    if worker and pooled(cell):
+                        shape = repr(cell.run.model.resolved())
+                        hosts = get_method(cell.run.method).hosts_state
+                        build = table.fresh_overhead(layers) if hosts or shape != last_shape else 0.0
+                        last_shape = None if hosts else shape
+                        cost, how = _timed(cell) * step + WORKER_CELL_S + build, "worker"
+                    else:
+                        cost, how = _timed(cell) * step + table.fresh_overhead(layers), "own process"
+                    line = per_cell.setdefault(what, Line(number, what, n, 0.0, f"{how}; steps {src}"))
+                    line.seconds += cost
+            lines += list(per_cell.values())
+    return lines
+
+
+def report(lines: list[Line], device: str) -> str:
+    """Each stage's total and its lines, then `estimated device time: N s`."""
+    out, total = [f"campaign estimate for {device} (suite/estimate.py says how each figure is made)"], 0.0
+    for number in sorted({ln.stage for ln in lines}):
+        mine = [ln for ln in lines if ln.stage == number]
+        sub = sum(ln.seconds for ln in mine)
+        total += sub
+        out.append(f"stage {number}: {sub:.0f} s")
+        out += [f"  {ln.what:<44} {ln.rounds} x  {ln.seconds:8.1f} s  {ln.source}" for ln in mine]
+    out.append(f"estimated device time: {total:.0f} s")
+    return "\n".join(out)

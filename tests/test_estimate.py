@@ -1,0 +1,61 @@
+"""The campaign's estimate: each cell's device seconds from the target machine's records, FLOPs where it has none."""
+
+import json
+
+import pytest
+
+from suite import cli
+from suite.campaign import STAGES, Stage, Sweep
+from suite.core.experiment import get_experiment
+from suite.estimate import DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
+
+
+def _record(tmp_path, cell, step_time, rounds, duration, status="partial: 1/3 rounds", throughput=20.0):
+    folder = tmp_path / "runs" / "h100-test"
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = {
+        "key": cell.key, "experiment": cell.experiment, "row": cell.row.name, "method": cell.run.method,
+        "profile": "paper", "device_type": "cuda", "variant": "", "config": cell.resolved(), "finished": "now",
+        "status": status, "rounds": rounds, "duration_s": duration, "provenance": {"methodology": "1"},
+        "metrics": {"step_time_median": step_time, "throughput": throughput} if step_time else {},
+        "machine": {"slug": "h100-test"},
+    }  # fmt: skip
+    (folder / f"{cell.key}.json").write_text(json.dumps(rec))
+
+
+def test_a_measured_cell_costs_its_steps_and_one_build_in_the_worker(tmp_path):
+    table2 = get_experiment("table2")
+    base, amp = table2.cells("paper", ["baseline-fp32", "baseline-amp"], None, None)
+    _record(tmp_path, base, step_time=2.0, rounds=1, duration=30.0)  # 7 steps of 2 s: 16 s to start a process
+    stages = {2: Stage("t", sweeps=(Sweep("table2", only=("baseline-fp32", "baseline-amp")),))}
+    lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
+    first = lines["table2/baseline-fp32"]
+    assert first.rounds == 3 and first.source == "worker; steps measured"
+    assert first.seconds == pytest.approx(16.0 + 3 * (7 * 2.0 + WORKER_CELL_S))  # the shape is built once
+    second = lines["table2/baseline-amp"]  # no record: FLOPs at the MFU of the machine's records; no second build
+    assert second.source.startswith("worker; steps flops at") and "(all methods)" in second.source
+    fresh = {ln.what: ln for ln in estimate(stages, "h100", worker=False, results_dir=tmp_path)}
+    assert fresh["table2/baseline-fp32"].seconds == pytest.approx(3 * (7 * 2.0 + 16.0))  # a process per round
+
+
+def test_an_oom_record_costs_what_it_took_and_tests_are_assumed_without_a_report(tmp_path):
+    (cell,) = get_experiment("table3").cells("paper", ["amp-u1"], None, None)
+    _record(tmp_path, cell, step_time=None, rounds=0, duration=14.6, status="oom")
+    stages = {1: Stage("tests", cuda_tests=True), 2: Stage("t", sweeps=(Sweep("table3", only=("amp-u1",)),))}
+    lines = estimate(stages, "h100", results_dir=tmp_path)
+    assert [(ln.what, ln.seconds) for ln in lines] == [("cuda tests", TESTS_S), ("table3/amp-u1", 14.6)]
+    assert report(lines, "h100").splitlines()[-1] == f"estimated device time: {TESTS_S + 14.6:.0f} s"
+
+
+def test_without_records_the_defaults_are_named(tmp_path):
+    stages = {2: Stage("t", sweeps=(Sweep("table2", only=("l2l-fp32",)),))}
+    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    assert "assumed" in line.source and line.seconds > DEFAULT_OVERHEAD_S
+
+
+def test_the_command_prints_every_stage_and_the_total(capsys):
+    assert cli.main(["campaign", "--estimate", "--device", "h100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("estimated device time: ") and out[-1].endswith(" s")
+    assert [ln.split(":")[0] for ln in out if ln.startswith("stage ")] == [f"stage {n}" for n in sorted(STAGES)]
+    assert any("table5/stash-cpu-x16" in ln for ln in out)
