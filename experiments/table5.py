@@ -152,6 +152,8 @@ EXPERIMENT = Experiment(
     rows=rows,
     base=base,
     figure=depth_figure,
+    # Its question is memory against depth (the throughput beside it is one round's): one round, not three.
+    rounds=1,
     notes=(
         "Every row runs under a device-memory cap, as `--device-memory` would set it: 16 GiB at `paper` (the "
         "paper's V100; the CUDA allocator's fraction), so the baseline's OOM is reproduced rather than assumed. "

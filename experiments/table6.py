@@ -139,6 +139,8 @@ EXPERIMENT = Experiment(
     baseline="turing-17b",
     rows=rows,
     base=base,
+    # Its question is whether the model fits, and its memory (throughput beside it is one round's): one round.
+    rounds=1,
     notes=(
         "`host need` is L2L-CMP's host memory with the stash on the host, at 78 layers and the paper's 8 x 16 "
         "samples of 1024 tokens, and at the shape run (to compare with the measured `host peak`, which adds the "
