@@ -223,6 +223,7 @@ def run_stage(
             rounds=1 if dry else rounds,
             deadline=deadline,
             worker=worker,
+            precount=True,
         )
         records = sweep(req, progress)
         for row in exp.rows(profile):

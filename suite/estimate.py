@@ -33,6 +33,7 @@ WORKER_CELL_S = 2.0  # assumed: a pooled cell's copy, upload to the GPU and firs
 TESTS_S = 120.0  # assumed: a stage's tests where no report of the target machine says how long they took
 DEFAULT_OVERHEAD_S = 15.0  # assumed where the target has no record: the H100 run's fresh processes took 14-18 s
 DEFAULT_MFU = 0.1  # assumed where the target has no record at all
+COUNTS_S = 30.0  # assumed: a sweep's counts of its capped cells, side by side on the host's cores, before it runs
 PEAK_OF = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 
 
@@ -59,7 +60,14 @@ class CostTable:
 
     def __init__(self, device: str, results_dir: Path):
         self.device = device
-        recs = [r for r in all_records(results_dir) if machine_of(r).startswith(device)]
+        every = list(all_records(results_dir))
+        recs = [r for r in every if machine_of(r).startswith(device)]
+        # Counts hold no data, so any machine's says whether a cell passes its cap (the campaign counts it again).
+        self.counted = {
+            (r["experiment"], r["row"], r.get("profile")): r["status"]
+            for r in every
+            if r["config"].get("kind") == "count"
+        }
         self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
         self.machine = machine_of(recs[0]) if recs else None
         self.peak_name = PEAK_OF.get(device, device)
@@ -74,8 +82,8 @@ class CostTable:
             if mfu:
                 self.mfu_by_method.setdefault(run["method"], []).append(mfu)
         self.overhead = statistics.median(overheads) if overheads else None
-        every = [m for ms in self.mfu_by_method.values() for m in ms]
-        self.mfu_all = statistics.median(every) if every else None
+        mfus = [m for ms in self.mfu_by_method.values() for m in ms]
+        self.mfu_all = statistics.median(mfus) if mfus else None
 
     def _mfu(self, run: dict, throughput: float) -> float | None:
         from suite.config.run import RunConfig
@@ -146,9 +154,15 @@ def estimate(
             exp = get_experiment(s.experiment)
             cells = [c for c in exp.cells("paper", list(s.only) if s.only else None, None, None) if not c.row.skip]
             per_cell: dict[str, Line] = {}
+            capped = [c for c in cells if c.run.device_memory and not get_method(c.run.method).peer]
+            if capped:
+                per_cell["counts"] = Line(number, f"{s.experiment}: counts of its capped cells", 1, COUNTS_S, "assumed")
             for cell in cells:
                 what = f"{s.experiment}/{cell.row.name}"
-                if (oom := table.oom(cell)) is not None:
+                past = table.counted.get((cell.experiment, cell.row.name, "paper")) == "oom"
+                if cell in capped and past:
+                    per_cell[what] = Line(number, what, 0, 0.0, "counted past its cap (a count record): not run")
+                elif (oom := table.oom(cell)) is not None:
                     per_cell[what] = Line(number, what, 1, oom, "its oom record (a fresh process)")
                 elif not kind(cell.kind).builds_method:
                     per_cell[what] = Line(number, what, 1, *_bench_seconds(cell, table))

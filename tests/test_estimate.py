@@ -1,5 +1,6 @@
 """The campaign's estimate: each cell's device seconds from the target machine's records, FLOPs where it has none."""
 
+import dataclasses
 import json
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from suite import cli
 from suite.campaign import STAGES, Stage, Sweep
 from suite.core.experiment import get_experiment
-from suite.estimate import DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
+from suite.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
 
 
 def _record(tmp_path, cell, step_time, rounds, duration, status="partial: 1/3 rounds", throughput=20.0):
@@ -43,13 +44,23 @@ def test_an_oom_record_costs_what_it_took_and_tests_are_assumed_without_a_report
     _record(tmp_path, cell, step_time=None, rounds=0, duration=14.6, status="oom")
     stages = {1: Stage("tests", cuda_tests=True), 2: Stage("t", sweeps=(Sweep("table3", only=("amp-u1",)),))}
     lines = estimate(stages, "h100", results_dir=tmp_path)
-    assert [(ln.what, ln.seconds) for ln in lines] == [("cuda tests", TESTS_S), ("table3/amp-u1", 14.6)]
-    assert report(lines, "h100").splitlines()[-1] == f"estimated device time: {TESTS_S + 14.6:.0f} s"
+    counts = ("table3: counts of its capped cells", COUNTS_S)  # the campaign counts capped cells first
+    assert [(ln.what, ln.seconds) for ln in lines] == [("cuda tests", TESTS_S), counts, ("table3/amp-u1", 14.6)]
+    assert report(lines, "h100").splitlines()[-1] == f"estimated device time: {TESTS_S + COUNTS_S + 14.6:.0f} s"
+
+
+def test_a_cell_counted_past_its_cap_costs_nothing_but_its_count(tmp_path):
+    (cell,) = get_experiment("table5").cells("paper", ["baseline-x16"], None, None)
+    count = dataclasses.replace(cell, kind="count")
+    _record(tmp_path, count, step_time=None, rounds=0, duration=3.0, status="oom")
+    stages = {3: Stage("t", sweeps=(Sweep("table5", only=("baseline-x16",)),))}
+    counts, line = estimate(stages, "h100", results_dir=tmp_path)
+    assert (counts.seconds, line.seconds, line.rounds) == (COUNTS_S, 0.0, 0) and "not run" in line.source
 
 
 def test_without_records_the_defaults_are_named(tmp_path):
     stages = {2: Stage("t", sweeps=(Sweep("table2", only=("l2l-fp32",)),))}
-    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    _, line = estimate(stages, "h100", results_dir=tmp_path)
     assert "assumed" in line.source and line.seconds > DEFAULT_OVERHEAD_S
 
 

@@ -137,3 +137,27 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
         progress=lambda m: None,
     )
     assert first[0].stat().st_mtime_ns != stamp
+
+
+def test_a_cell_counted_past_its_cap_is_recorded_oom_without_running(tmp_path):
+    """Table 5 at tiny caps the device at 10 MiB: the baseline at 64 layers counts past it and is not run, L2L with
+    its stash on the host fits and runs; a peer is never skipped on its count (docs/counting.md)."""
+    from suite.core.experiment import get_experiment
+
+    seen = []
+    req = SweepRequest(
+        get_experiment("table5"),
+        "tiny",
+        only=["baseline-x16", "stash-cpu-x1"],
+        results_dir=tmp_path,
+        wandb_mode="off",
+        rounds=1,
+        precount=True,
+        overrides=["steps=1", "warmup=0"],
+    )
+    skipped, ran = sweep(req, progress=seen.append)
+    assert skipped["status"] == "oom" and skipped["metrics"]["memory_kind"].startswith("counted")
+    assert "not run: its count passed the 10MiB device cap" in skipped["error"]
+    assert ran["status"] == "ok"
+    assert not any("baseline-x16" in m and "running" in m for m in seen)
+    assert any("stash-cpu-x1" in m and "running" in m for m in seen)

@@ -209,9 +209,12 @@ def close_shared_worker() -> None:
 
 
 def pooled(cell: Cell) -> bool:
-    """Whether a cell may run in a worker: a single-rank timed cell of the method it builds (several ranks need their
-    own processes; the benchmarks and counts keep theirs)."""
-    return kind(cell.kind).timed and world_of(cell) == 1
+    """Whether a cell may run in a worker: a single-rank timed cell of one of our methods (several ranks need their
+    own processes; a peer's library keeps process-wide state, its process group among it; the benchmarks and
+    counts keep their processes)."""
+    if not (kind(cell.kind).timed and world_of(cell) == 1 and registry.is_registered(cell.run.method)):
+        return False
+    return registry.get(cell.run.method).peer is None
 
 
 def run_cell_on_nodes(cell: Cell, timeout: float | None, coord: Coordinator, sweep_id: str, tag: str) -> Outcome:

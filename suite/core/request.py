@@ -22,7 +22,8 @@ class SweepRequest:
     (`timeout`, else the experiment's), timing rounds (else the experiment's), a `deadline` (epoch seconds) past
     which no cell-round starts, the nodes a multi-rank cell spans, whether memory is measured or counted
     (`measure`: time | count), and whether single-rank throughput cells share one long-lived `worker` process
-    (each model shape built once) instead of a fresh process each. Bad values are one-line ConfigErrors when it
+    (each model shape built once) instead of a fresh process each, and whether capped cells are counted first
+    (`precount`: one past its cap is recorded without running). Bad values are one-line ConfigErrors when it
     is made, before anything runs; the defaults are resolved then too ('auto' profile, rounds, W&B mode, results
     folder)."""
 
@@ -40,6 +41,7 @@ class SweepRequest:
     nodes: Nodes | None = None
     measure: str = "time"
     worker: bool = False  # single-rank throughput cells in one long-lived process (suite.core.worker)
+    precount: bool = False  # count capped cells first: those past their cap are recorded `oom` (counted), not run
 
     def __post_init__(self):
         def resolve(field: str, value) -> None:

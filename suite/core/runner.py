@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from suite.core import registry
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
 from suite.core.launcher import follow, pooled, run_cell, run_cell_on_nodes, shared_worker, world_of
@@ -50,11 +52,44 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
         else:
             verb, how = "measuring", f"throughput cells in {req.rounds} interleaved round(s)"
         progress(f"{verb} {len(p.todo) + len(p.complete)} cell(s) on {fp['slug']}, sweep {p.sweep}: {how}")
+    if req.precount and req.measure == "time":
+        for key, outcome in counted_past_cap(p.todo, req.timeout, progress).items():
+            records[key] = recorder.save(next(c for c in p.todo if c.key == key), outcome, final=True)
+        p.todo = [c for c in p.todo if c.key not in records]
     for cell in p.complete:  # resumed with as many rounds as this call asks for: finished as it stands
         records[cell.key] = recorder.save(cell, merge(p.resumed[cell.key], len(p.resumed[cell.key])))
     records.update(Rounds(req, p, recorder, progress).run())
     pending: Outcome = {"status": "pending: left at the deadline", "metrics": {}, "provenance": None}
     return cells, [records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) or pending for c in cells]
+
+
+def counted_past_cap(cells: list[Cell], timeout: float | None, progress: Callable[[str], None]) -> dict[str, Outcome]:
+    """Count each capped timed cell of one of our methods on fake tensors (CPU seconds, no device), in parallel;
+    return an `oom` outcome (counted) for each past its cap, which is then recorded without running. A peer is
+    always run: its count on a CPU takes the host's allocations for the device's (docs/counting.md)."""
+    eligible = [
+        c
+        for c in cells
+        if c.run.device_memory and is_timed(c.kind) and registry.is_registered(c.run.method)
+        and not registry.get(c.run.method).peer
+    ]  # fmt: skip
+    if not eligible:
+        return {}
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        counts = {c.key: pool.submit(run_cell, dataclasses.replace(c, kind="count"), timeout) for c in eligible}
+    out: dict[str, Outcome] = {}
+    for c in eligible:
+        got = counts[c.key].result()
+        if got["status"] != "oom":
+            continue
+        out[c.key] = {
+            "status": "oom",
+            "metrics": {**got["metrics"], "memory_kind": "counted (fake tensors): past the cap, not run"},
+            "error": f"not run: its count passed the {c.run.device_memory} device cap ({got['metrics']})",
+            "provenance": got["provenance"],
+        }
+        progress(f"{c.experiment}/{c.row.name}: oom (counted past its {c.run.device_memory} cap; not run)")
+    return out
 
 
 class Rounds:
