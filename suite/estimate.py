@@ -154,13 +154,18 @@ def estimate(
             exp = get_experiment(s.experiment)
             cells = [c for c in exp.cells("paper", list(s.only) if s.only else None, None, None) if not c.row.skip]
             per_cell: dict[str, Line] = {}
-            capped = [c for c in cells if c.run.device_memory and not get_method(c.run.method).peer]
+            capped = [
+                c for c in cells if c.run.device_memory and not get_method(c.run.method).peer and not c.row.same_as
+            ]
             if capped:
                 per_cell["counts"] = Line(number, f"{s.experiment}: counts of its capped cells", 1, COUNTS_S, "assumed")
             for cell in cells:
                 what = f"{s.experiment}/{cell.row.name}"
                 past = table.counted.get((cell.experiment, cell.row.name, "paper")) == "oom"
-                if cell in capped and past:
+                if cell.row.same_as is not None:  # its twin (an earlier stage's table) is measured: reused
+                    twin = "/".join(cell.row.same_as)
+                    per_cell[what] = Line(number, what, 0, 0.0, f"the same cell as {twin}: its record reused")
+                elif cell in capped and past:
                     per_cell[what] = Line(number, what, 0, 0.0, "counted past its cap (a count record): not run")
                 elif (oom := table.oom(cell)) is not None:
                     per_cell[what] = Line(number, what, 1, oom, "its oom record (a fresh process)")

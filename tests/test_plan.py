@@ -114,3 +114,30 @@ def test_the_code_digest_follows_the_files():
     assert first == provenance.code_digest() and len(first) == 16
     provenance.code_digest.cache_clear()
     assert importlib.reload(provenance).code_digest() == first  # a fresh process hashes alike
+
+
+def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monkeypatch):
+    """Table 4's one-rank rows are Table 3's L2L-CMP cells: a finished Table 3 record here is reused (its sweep
+    kept, so no ratio is taken across sweeps), a missing one makes the row run."""
+    from suite.core.experiment import get_experiment
+    from suite.core.recorder import Recorder
+
+    t3 = SweepRequest(get_experiment("table3"), "tiny", only=["l2l-cmp-u1"], results_dir=tmp_path, wandb_mode="off")
+    (c3,) = expand(t3)
+    Recorder(t3, {"slug": "m"}, "sweep-of-table3", print).save(c3, {**_outcome(), "metrics": {"throughput": 5.0}})
+    t4 = SweepRequest(get_experiment("table4"), "tiny", only=["1-rank-u*"], results_dir=tmp_path, wandb_mode="off")
+    cells = expand(t4)
+    seen = []
+    p = plan(t4, cells, "m", seen.append)
+    (key,) = p.twins
+    twin = p.twins[key]
+    assert key == cells[0].key and [c.row.name for c in p.todo] == ["1-rank-u2", "1-rank-u4"]
+    assert twin["metrics"] == {"throughput": 5.0, "throughput_per_rank": 5.0}
+    assert twin["reused_from"] == {
+        "experiment": "table3",
+        "row": "l2l-cmp-u1",
+        "key": c3.key,
+        "sweep": "sweep-of-table3",
+    }
+    saved = Recorder(t4, {"slug": "m"}, "sweep-of-table4", print).save(cells[0], twin)
+    assert saved["sweep"] == "sweep-of-table3" and any("the same cell as table3/l2l-cmp-u1" in s for s in seen)

@@ -55,6 +55,10 @@ class Row:
     skip: str | None = None
     # The skip is this machine's memory, which a count (fake tensors) never allocates: counted all the same.
     count_anyway: bool = False
+    # (experiment, row) whose cell runs this very config (another table's row): its finished record on this machine
+    # is reused, its metrics passed through `adapt` (what this row's cell kind adds), instead of measuring it again.
+    same_as: tuple[str, str] | None = None
+    adapt: Callable[[dict], dict] | None = None
 
 
 @dataclass

@@ -96,6 +96,30 @@ class Plan:
     resumed: dict[str, list[Outcome]] = field(default_factory=dict)  # rounds a partial record had measured
     complete: list[Cell] = field(default_factory=list)  # resumed with every round asked for: finished as they stand
     todo: list[Cell] = field(default_factory=list)  # to measure (after their resumed rounds)
+    twins: dict[str, Outcome] = field(default_factory=dict)  # another table's finished record of the same cell
+
+
+def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
+    """The outcome this cell gets from its row's twin (Row.same_as): the twin's finished `ok` record on this machine,
+    when its cell runs this very config, its metrics adapted; else None (the cell runs)."""
+    if cell.row.same_as is None or req.measure != "time":
+        return None
+    from suite.core.experiment import get_experiment
+
+    experiment, row = cell.row.same_as
+    twins = get_experiment(experiment).cells(req.profile, [row], list(req.overrides or []), req.device_memory)
+    if len(twins) != 1 or twins[0].run != cell.run:
+        return None
+    rec = store.load(req.results_dir, twins[0].key, machine)
+    if rec is None or rec["status"] != "ok":
+        return None
+    adapt = cell.row.adapt or (lambda m: m)
+    keep = ("status", "provenance", "rounds", "duration_s", "error")
+    return {
+        **{k: rec[k] for k in keep if k in rec},
+        "metrics": adapt(dict(rec["metrics"])),
+        "reused_from": {"experiment": experiment, "row": row, "key": twins[0].key, "sweep": rec.get("sweep")},
+    }
 
 
 def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[[str], None]) -> Plan:
@@ -110,7 +134,12 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
         if kept:
             p.resumed[cell.key] = kept
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
-        if cached and cached["status"] in store.FINISHED and not req.force:
+        twin = None if cached or req.force else same_as(req, cell, machine)
+        if twin is not None:
+            progress(f"{p.tags[cell.key]}: {twin['status']} (the same cell as {twin['reused_from']['experiment']}/"
+                     f"{twin['reused_from']['row']} on {machine}, reused)")  # fmt: skip
+            p.twins[cell.key] = twin
+        elif cached and cached["status"] in store.FINISHED and not req.force:
             progress(f"{p.tags[cell.key]}: {cached['status']} (cached on {machine}, {cell.key})")
             p.reused[cell.key] = cached
         elif (why := not_run_reason(cell, req.measure)) is not None:

@@ -31,7 +31,8 @@ class Recorder:
             "variant": self.req.variant,
             "config": cell.resolved(),
             "machine": self.machine,
-            "sweep": self.sweep,
+            # A reused twin was measured in its own sweep: a ratio against this sweep's rows must not be taken.
+            "sweep": (outcome.get("reused_from") or {}).get("sweep") or self.sweep,
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 

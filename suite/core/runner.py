@@ -43,6 +43,8 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     p = plan(req, cells, fp["slug"], progress)
     recorder = Recorder(req, fp, p.sweep, progress)
     records = dict(p.reused)
+    for cell in [c for c in cells if c.key in p.twins]:
+        records[cell.key] = recorder.save(cell, p.twins[cell.key], final=True)
     for cell in [c for c in cells if c.key in p.not_run]:
         outcome = {"status": "not_implemented", "metrics": {}, "error": p.not_run[cell.key], "provenance": None}
         records[cell.key] = recorder.save(cell, outcome)

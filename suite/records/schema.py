@@ -43,6 +43,8 @@ class Record(Outcome):
     schema: NotRequired[int]  # SCHEMA_VERSION when written; absent before the field (version 1)
     # A record made by code from an earlier result file, not by the runner: the file, its commit, what made it.
     converted_from: NotRequired[dict[str, Any]]
+    # The record of another table's cell with this very config, reused (suite.core.experiment.Row.same_as).
+    reused_from: NotRequired[dict[str, Any]]
 
 
 def _matches(value: Any, hint: Any) -> bool:
