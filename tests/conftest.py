@@ -19,6 +19,14 @@ def _seed_everything():
     yield
 
 
+def real_wandb():
+    """Skip unless the W&B library itself imports (a `wandb` folder of offline runs on the path is not it)."""
+    from suite.records import tracking
+
+    if not tracking.installed():
+        pytest.skip("the wandb library is not installed")
+
+
 @pytest.fixture
 def wandb_sandbox(tmp_path, monkeypatch):
     """Point every W&B directory at tmp_path and drop any key so runs stay offline."""

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from conftest import real_wandb
 
 from suite.core import registry
 from suite.core.experiment import Experiment, Metric, Row
@@ -87,7 +88,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, plugins, wandb_sa
 
 
 def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
-    pytest.importorskip("wandb")  # without it (the GPU image) the sweep above runs untracked
+    real_wandb()  # without it (the GPU image) the sweep above runs untracked
     exp = make_experiment([Row("ok", "grad_accum", labels={"precision": "FP32"})])
     (ok,) = sweep(
         SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", rounds=1), progress=lambda m: None

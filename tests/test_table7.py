@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import real_wandb
 
 from experiments import table7, table7_equivalence
 from suite.core.request import SweepRequest
@@ -197,7 +198,7 @@ def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
 
 
 def test_the_fine_tuning_history_reads_back_from_the_offline_wandb_run(results_env, monkeypatch):
-    pytest.importorskip("wandb")
+    real_wandb()
     pytest.importorskip("datasets")
     from suite.records import tracking
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import real_wandb
 
 from suite.records import tracking
 
@@ -30,8 +31,9 @@ def _isolate(mp, root: Path) -> None:
 
 def _teardown_wandb() -> None:
     # The wandb singleton caches settings read from the env and keeps wandb-core alive.
-    if "wandb" in sys.modules and sys.modules["wandb"] is not None:
-        sys.modules["wandb"].teardown()
+    teardown = getattr(sys.modules.get("wandb"), "teardown", None)  # absent: not the library (an empty folder)
+    if teardown is not None:
+        teardown()
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,7 @@ def env(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The only two W&B runs of this file: one cell and one table, both offline."""
-    pytest.importorskip("wandb")  # the tests that read these runs back need wandb itself
+    real_wandb()  # the tests that read these runs back need wandb itself
     root = tmp_path_factory.mktemp("wandb")
     with pytest.MonkeyPatch.context() as mp:
         _isolate(mp, root)
@@ -180,3 +182,16 @@ def test_resolve_mode(env, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert tracking.resolve_mode(None) == "off"
     assert tracking.resolve_mode("offline") == "offline"  # an explicit mode beats WANDB_MODE
+
+
+def test_a_folder_of_wandb_runs_on_the_path_is_not_the_library(monkeypatch, capsys):
+    """Run from the tree without W&B installed (the GPU image), a `wandb/` folder of offline runs imports as an empty
+    namespace package: tracking is off and says why, instead of failing on a missing wandb.init."""
+    import types
+
+    from suite.records import tracking
+
+    monkeypatch.setitem(sys.modules, "wandb", types.ModuleType("wandb"))
+    monkeypatch.setattr(tracking, "_warned_missing", False)
+    assert not tracking.installed()
+    assert "an empty `wandb` folder on the path is W&B's runs" in capsys.readouterr().err

@@ -53,11 +53,21 @@ def _wandb():
     try:
         import wandb
     except ImportError:
-        if not _warned_missing:
-            _warned_missing = True
-            print("warning: wandb is not installed; W&B tracking disabled", file=sys.stderr)
-        return None
+        wandb, why = None, "wandb is not installed"
+    else:
+        # A folder named `wandb` (W&B's own offline runs, in the working folder) imports as an empty namespace
+        # package where the library is not installed (the GPU image, run from the tree): not the library.
+        why = "wandb is not installed (an empty `wandb` folder on the path is W&B's runs, not the library)"
+        wandb = wandb if getattr(wandb, "init", None) is not None else None
+    if wandb is None and not _warned_missing:
+        _warned_missing = True
+        print(f"warning: {why}; W&B tracking disabled", file=sys.stderr)
     return wandb
+
+
+def installed() -> bool:
+    """Whether the W&B library itself can be imported (not a folder of its runs)."""
+    return _wandb() is not None
 
 
 def _run(wandb, *, experiment: str, name: str, job_type: str, mode: str, dir: str | None, config: dict | None = None):
