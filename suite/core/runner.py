@@ -31,6 +31,10 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     ones run, in its own sweep. With a deadline no cell-round starts that the longest one seen so far would carry
     past it; the cells left are reported and a later call resumes them.
 
+    A row that is another table's cell (Row.same_as) takes that cell's finished record here, with its sweep. With
+    `req.precount` a capped cell of our methods is counted first and, past its cap, recorded `oom` without running.
+    With `req.worker` single-rank timed cells of our methods run in one long-lived process (suite.core.worker).
+
     Across nodes (suite.core.nodes): node 0 does all of this, its multi-rank cells spanning every node; another
     node follows node 0's launches and returns (cells, []), having written nothing.
 
