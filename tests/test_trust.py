@@ -209,8 +209,9 @@ def test_a_corrupt_record_gets_one_warning_and_its_cell_is_measured_again(tmp_pa
     assert json.loads(path.read_text())["status"] == "ok"
 
 
+@pytest.mark.parametrize("worker", [False, True])  # a fresh cell process, or the long-lived worker
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_killing_the_runner_ends_its_cell_and_writes_no_record(tmp_path, sig):
+def test_killing_the_runner_ends_its_cell_and_writes_no_record(tmp_path, sig, worker):
     pidfile = tmp_path / "cell.pid"
     script = textwrap.dedent(f"""
         import sys
@@ -222,7 +223,7 @@ def test_killing_the_runner_ends_its_cell_and_writes_no_record(tmp_path, sig):
         exp = Experiment(name="kill-test", title="t", source="t", baseline="s", label_columns=[],
                          metrics=[Metric("throughput", "throughput")], rows=lambda p: [Row("s", "sleeps")],
                          base=lambda p: {TINY!r})
-        run_cells(SweepRequest(exp, "tiny", results_dir={str(tmp_path)!r}, wandb_mode="off", rounds=1))
+        run_cells(SweepRequest(exp, "tiny", results_dir={str(tmp_path)!r}, wandb_mode="off", rounds=1, worker={worker}))
     """)
     env = {
         **os.environ,
@@ -237,6 +238,8 @@ def test_killing_the_runner_ends_its_cell_and_writes_no_record(tmp_path, sig):
         assert time.time() < deadline and runner_proc.poll() is None, "the cell never started"
         time.sleep(0.2)
     cell_pid = int(pidfile.read_text())
+    with open(f"/proc/{cell_pid}/cmdline") as f:
+        assert ("suite.core.worker" in f.read()) == worker  # the step ran where it was meant to
     runner_proc.send_signal(sig)
     runner_proc.wait(timeout=30)
     deadline = time.time() + 15
