@@ -51,7 +51,9 @@ def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
 def rank_main(fn) -> None:
     """Run `fn()` as a rank's entry point: on any failure print the rank's traceback and exit
     non-zero at once (no collective clean-up that could wait on a dead peer), so torchrun tears
-    the other ranks down; otherwise exit with fn's return code."""
+    the other ranks down; otherwise exit with fn's return code, also at once: the verdict is in and
+    the group left, and a rank was seen to abort in the interpreter's teardown ("terminate called
+    without an active exception") after a passing check, on a loaded machine (as L2L's check does)."""
     try:
         code = fn()
     except BaseException as exc:  # noqa: BLE001 — a rank must never hang on its way out
@@ -60,7 +62,9 @@ def rank_main(fn) -> None:
         print(f"[rank {os.environ.get('RANK', '?')}] failed: {detail}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
-    sys.exit(code or 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 class DistExecutor:
