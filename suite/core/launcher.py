@@ -90,10 +90,15 @@ def launch(
             if outcome is not None:
                 return outcome, {}
         if status is None:
-            status = f"error: cell process exited with code {proc.returncode} without a record"
-            if proc.returncode and proc.returncode < 0 and -proc.returncode == signal.SIGKILL:
-                status = "oom"  # killed by the kernel's OOM killer
+            status = _exit_status(proc.returncode, "cell process")
         return None, {"status": status, "metrics": {}, "error": log_tail, "provenance": None}
+
+
+def _exit_status(code: int | None, what: str) -> str:
+    """The status of a process that ended without a record: `oom` when SIGKILL ended it (the kernel's OOM killer)."""
+    if code is not None and code < 0 and -code == signal.SIGKILL:
+        return "oom"
+    return f"error: {what} exited with code {code} without a record"
 
 
 def _read(out_path: str) -> tuple[Outcome | None, str | None]:
@@ -146,9 +151,7 @@ class Worker:
             deadline = time.monotonic() + timeout
             while not os.path.exists(out_path):
                 if self.proc.poll() is not None:
-                    code = self.proc.returncode
-                    killed = code is not None and code < 0 and -code == signal.SIGKILL
-                    status = "oom" if killed else f"error: the worker exited with code {code} without a record"
+                    status = _exit_status(self.proc.returncode, "worker")
                     break
                 if time.monotonic() > deadline:
                     status = "timeout"
