@@ -3,11 +3,14 @@
 A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
 - the step time is the target machine's own record of the cell where one was measured (`measured`), else the
   model's training FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
-  (`flops`), else at the median of all its records;
+  (`flops`), else at the median of its records in the same precision (an FP32 peer is costed like the FP32 methods,
+  not at the mixed-precision methods' utilisation of a 15x higher peak), else at the median of all its records;
 - a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and,
-  once per model shape, the build: the fresh-process overhead the target's records show (their duration per round
-  less their timed part), scaled by depth; a cell in its own process (several ranks, an expected OOM, a benchmark)
-  pays that whole overhead every round;
+  once per model shape (and for every L2L cell, which runs with the pool emptied), the build; the worker's own
+  start is paid once a campaign. Both come from the fresh-process overhead the target's records show (their
+  duration per round less their timed part), fitted as a fixed part (imports, CUDA's context) plus a part per
+  layer (the build) by least squares over the depths they ran at (one depth: all of it per layer); a cell in its
+  own process (several ranks, an expected OOM, a benchmark) pays that whole overhead every round;
 - a cell the target machine recorded `oom` costs what that record took;
 - the tests of stages 1 and 3 cost what that machine's stage reports say they took, else TESTS_S.
 Every assumption is named in the line it shapes. The last line is `estimated device time: N s`.
@@ -44,6 +47,7 @@ class Line:
     rounds: int
     seconds: float
     source: str
+    peer: bool = False  # a peer's row (the field's implementation), which no GPU record has costed yet
 
 
 def _timed(cell: Cell) -> int:
@@ -71,17 +75,19 @@ class CostTable:
         self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
         self.machine = machine_of(recs[0]) if recs else None
         self.peak_name = PEAK_OF.get(device, device)
-        overheads, self.mfu_by_method = [], {}
+        overheads, self.mfu_by_method, self.mfu_by_precision = [], {}, {}
         for r in recs:
             st, rounds = _step_time(r), r.get("rounds") or 0
             run = r["config"]["run"]
             if st is None or not rounds or not r.get("duration_s"):
                 continue
-            overheads.append(r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st)
+            layers = _layers(run)
+            overheads.append((layers, r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st))
             mfu = self._mfu(run, r["metrics"]["throughput"])
             if mfu:
                 self.mfu_by_method.setdefault(run["method"], []).append(mfu)
-        self.overhead = statistics.median(overheads) if overheads else None
+                self.mfu_by_precision.setdefault(run.get("precision", "fp32"), []).append(mfu)
+        self.overhead = _fit(overheads)
         mfus = [m for ms in self.mfu_by_method.values() for m in ms]
         self.mfu_all = statistics.median(mfus) if mfus else None
 
@@ -97,8 +103,14 @@ class CostTable:
         rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
         if _step_time(rec) is not None:
             return _step_time(rec), "measured"
-        mfus = self.mfu_by_method.get(cell.run.method)
-        mfu, whose = (statistics.median(mfus), cell.run.method) if mfus else (self.mfu_all, "all methods")
+        mfu, whose = self.mfu_all, "all methods"
+        for mfus, name in (
+            (self.mfu_by_method.get(cell.run.method), cell.run.method),
+            (self.mfu_by_precision.get(cell.run.precision), f"{cell.run.precision} methods"),
+        ):
+            if mfus:
+                mfu, whose = statistics.median(mfus), name
+                break
         if mfu is None:
             mfu, whose = DEFAULT_MFU, "assumed"
         peak = flops.peak_tflops(self.peak_name, cell.run.precision) or flops.peak_tflops(self.peak_name, "fp32")
@@ -110,7 +122,38 @@ class CostTable:
         return rec.get("duration_s") if rec and rec["status"] == "oom" else None
 
     def fresh_overhead(self, layers: int) -> float:
-        return (self.overhead if self.overhead is not None else DEFAULT_OVERHEAD_S) * max(layers, 24) / 24
+        """A fresh process's start and its build of a model of `layers` layers."""
+        return self.start() + self.build(layers)
+
+    def start(self) -> float:
+        """The part of a fresh process's start that does not grow with the model (imports, CUDA's context)."""
+        return self.overhead[0] if self.overhead else 0.0
+
+    def build(self, layers: int) -> float:
+        """The part of a fresh process's start that grows with the model: what the worker pays for a new shape."""
+        _, per_layer = self.overhead or (0.0, DEFAULT_OVERHEAD_S / 24)
+        return per_layer * max(layers, 24)
+
+
+def _layers(run: dict) -> int:
+    from suite.config.run import RunConfig
+
+    return RunConfig.from_dict(run).model.resolved().layers
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """(fixed s, s per layer) of a process's start from (layers, overhead) points: least squares where they span
+    depths (neither part negative), else their median spread over 24 layers or more."""
+    if not points:
+        return None
+    xs = [max(x, 24) for x, _ in points]
+    if len(set(xs)) < 2:
+        return 0.0, statistics.median(y for _, y in points) / xs[0]
+    slope, fixed = statistics.linear_regression(xs, [y for _, y in points])
+    if slope < 0 or fixed < 0:
+        slope = max(slope, 0.0)
+        fixed = max(statistics.fmean(y for _, y in points) - slope * statistics.fmean(xs), 0.0)
+    return fixed, slope
 
 
 def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str) -> float | None:
@@ -143,7 +186,7 @@ def estimate(
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     table = CostTable(device, results_dir)
     lines: list[Line] = []
-    last_shape = None  # what the worker's pool holds
+    last_shape, started = None, False  # what the worker's pool holds; whether it has started (once a campaign)
     for number, stage in stages.items():
         for flag, key in (("cuda_tests", "cuda_tests"), ("counted", "counted_vs_measured"), ("bench", "bench")):
             if getattr(stage, flag):
@@ -184,12 +227,14 @@ def estimate(
                     if worker and pooled(cell):
                         shape = repr(cell.run.model.resolved())
                         hosts = get_method(cell.run.method).hosts_state
-                        build = table.fresh_overhead(layers) if hosts or shape != last_shape else 0.0
+                        build = table.build(layers) if hosts or shape != last_shape else 0.0
                         last_shape = None if hosts else shape
-                        cost, how = _timed(cell) * step + WORKER_CELL_S + build, "worker"
+                        start, started = (0.0 if started else table.start()), True
+                        cost, how = _timed(cell) * step + WORKER_CELL_S + build + start, "worker"
                     else:
                         cost, how = _timed(cell) * step + table.fresh_overhead(layers), "own process"
-                    line = per_cell.setdefault(what, Line(number, what, n, 0.0, f"{how}; steps {src}"))
+                    peer = get_method(cell.run.method).peer is not None
+                    line = per_cell.setdefault(what, Line(number, what, n, 0.0, f"{how}; steps {src}", peer))
                     line.seconds += cost
             lines += list(per_cell.values())
     return lines
@@ -204,5 +249,8 @@ def report(lines: list[Line], device: str) -> str:
         total += sub
         out.append(f"stage {number}: {sub:.0f} s")
         out += [f"  {ln.what:<44} {ln.rounds} x  {ln.seconds:8.1f} s  {ln.source}" for ln in mine]
+    peers = sum(ln.seconds for ln in lines if ln.peer)
+    if peers:
+        out.append(f"of which the peers' rows: {peers:.0f} s; the rest: {total - peers:.0f} s")
     out.append(f"estimated device time: {total:.0f} s")
     return "\n".join(out)

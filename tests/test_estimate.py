@@ -27,16 +27,47 @@ def _record(tmp_path, cell, step_time, rounds, duration, status="partial: 1/3 ro
 def test_a_measured_cell_costs_its_steps_and_one_build_in_the_worker(tmp_path):
     table2 = get_experiment("table2")
     base, amp = table2.cells("paper", ["baseline-fp32", "baseline-amp"], None, None)
-    _record(tmp_path, base, step_time=2.0, rounds=1, duration=30.0)  # 7 steps of 2 s: 16 s to start a process
+    steps = base.run.warmup + base.run.steps
+    _record(tmp_path, base, step_time=2.0, rounds=1, duration=16.0 + steps * 2.0)  # 16 s to start a process
     stages = {2: Stage("t", sweeps=(Sweep("table2", only=("baseline-fp32", "baseline-amp")),))}
     lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
     first = lines["table2/baseline-fp32"]
     assert first.rounds == 3 and first.source == "worker; steps measured"
-    assert first.seconds == pytest.approx(16.0 + 3 * (7 * 2.0 + WORKER_CELL_S))  # the shape is built once
+    assert first.seconds == pytest.approx(16.0 + 3 * (steps * 2.0 + WORKER_CELL_S))  # the shape is built once
     second = lines["table2/baseline-amp"]  # no record: FLOPs at the MFU of the machine's records; no second build
     assert second.source.startswith("worker; steps flops at") and "(all methods)" in second.source
     fresh = {ln.what: ln for ln in estimate(stages, "h100", worker=False, results_dir=tmp_path)}
-    assert fresh["table2/baseline-fp32"].seconds == pytest.approx(3 * (7 * 2.0 + 16.0))  # a process per round
+    assert fresh["table2/baseline-fp32"].seconds == pytest.approx(3 * (steps * 2.0 + 16.0))  # a process per round
+
+
+def test_a_process_start_is_fitted_over_depths_and_the_worker_starts_once(tmp_path):
+    """Records at 24 and 48 layers whose starts took 10 + 0.25 s a layer: a fresh process at 96 layers costs 34 s;
+    the worker pays the 10 s once and only the build of each new shape."""
+    table5 = get_experiment("table5")
+    x1, x2, x4 = table5.cells("paper", ["stash-cpu-x1", "stash-cpu-x2", "stash-cpu-x4"], None, None)
+    for cell, layers in ((x1, 24), (x2, 48)):
+        _record(tmp_path, cell, step_time=1.0, rounds=1, duration=10.0 + 0.25 * layers + 3 * 1.0)
+    stages = {3: Stage("t", sweeps=(Sweep("table5", only=("stash-cpu-x1", "stash-cpu-x4")),))}
+    fresh = {ln.what: ln for ln in estimate(stages, "h100", worker=False, results_dir=tmp_path)}
+    x4_steps = fresh["table5/stash-cpu-x4"].seconds - (10.0 + 0.25 * 96)
+    assert x4_steps > 0 and fresh["table5/stash-cpu-x1"].seconds == pytest.approx(10.0 + 0.25 * 24 + 3.0)
+    pooled = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
+    assert pooled["table5/stash-cpu-x1"].seconds == pytest.approx(10.0 + 0.25 * 24 + 3.0 + WORKER_CELL_S)
+    assert pooled["table5/stash-cpu-x4"].seconds == pytest.approx(0.25 * 96 + x4_steps + WORKER_CELL_S)
+
+
+def test_a_method_without_records_is_costed_at_its_precision(tmp_path):
+    """An FP32 peer with no record runs at the utilisation of the machine's FP32 records, not at the median of all
+    records, most of them 16-bit against a peak 15 times higher."""
+    table2 = get_experiment("table2")
+    base, amp, peer = table2.cells("paper", ["baseline-fp32", "baseline-amp", "peer-fsdp-fp32"], None, None)
+    _record(tmp_path, base, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)  # about 48% of FP32's peak
+    _record(tmp_path, amp, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)  # about 3% of 16-bit's
+    stages = {2: Stage("t", sweeps=(Sweep("table2", only=("peer-fsdp-fp32",)),))}
+    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    assert line.source.endswith("MFU (fp32 methods)"), line.source
+    mfu = float(line.source.split("flops at ")[1].split("%")[0])
+    assert 40 < mfu < 60  # FP32's, not the median of the two (about 26%)
 
 
 def test_an_oom_record_costs_what_it_took_and_tests_are_assumed_without_a_report(tmp_path):
@@ -68,5 +99,6 @@ def test_the_command_prints_every_stage_and_the_total(capsys):
     assert cli.main(["campaign", "--estimate", "--device", "h100"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith("estimated device time: ") and out[-1].endswith(" s")
+    assert out[-2].startswith("of which the peers' rows: ")  # their own line: no GPU has measured them yet
     assert [ln.split(":")[0] for ln in out if ln.startswith("stage ")] == [f"stage {n}" for n in sorted(STAGES)]
     assert any("table5/stash-cpu-x16" in ln for ln in out)
