@@ -46,6 +46,7 @@ def _nodes(args, needs_node_rank: bool):
 def _run(args) -> int:
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
+    from suite.measure.contention import contended
     from suite.sweep import sweep
 
     nodes = _nodes(args, needs_node_rank=True)
@@ -72,7 +73,7 @@ def _run(args) -> int:
         worker=args.worker,
     )
     records = sweep(req)
-    bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented")]
+    bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented") or contended(r["metrics"])]
     return 1 if bad and args.strict else 0
 
 
@@ -197,7 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="time",
         help="time: run and measure (default); count: count each cell's memory on fake tensors (no data, any machine)",
     )
-    r.add_argument("--strict", action="store_true", help="exit non-zero if any cell errored or timed out")
+    r.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit non-zero if any cell errored, timed out or was timed on a busy machine (contended)",
+    )
     r.add_argument(
         "--worker",
         action="store_true",

@@ -8,6 +8,7 @@ from suite.config import paths
 from suite.core.experiment import Experiment
 from suite.core.request import SweepRequest
 from suite.core.runner import run_cells
+from suite.measure.contention import contended
 from suite.records import tracking
 from suite.records.schema import Record
 from suite.report import tables
@@ -21,6 +22,14 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
         return []  # node 0 writes the tables
     exp = req.experiment
     render(exp, req.results_dir, progress)
+    busy = [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})]
+    if busy:  # never silent: one line naming them and the command that measures them again
+        progress(
+            f"contended (the machine was busy while they were timed; their ratios are not shown): "
+            f"{', '.join(busy)}; on an idle machine: python -m suite run {exp.name} --profile {cells[0].profile} "
+            + " ".join(f"--only {name}" for name in busy)
+            + " --force"
+        )
     cols, rows = tables.table_rows(exp, cells, records)
     try:
         tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode)

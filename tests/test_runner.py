@@ -97,6 +97,10 @@ def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
     # the offline W&B run of the ok cell carries its config and summary
     back = tracking.read_offline_run(ok["wandb_dir"])
     assert back["config"]["row"] == "ok" and back["config"]["experiment"] == "runner-test"
+    # what a comparison filters on: the machine, the sweep, the commit, and whether the machine was busy
+    assert back["config"]["machine"] == ok["machine"]["slug"] and back["config"]["sweep"] == ok["sweep"]
+    assert back["config"]["commit"] == ok["provenance"]["commit"]
+    assert back["config"]["contended"] == ok["metrics"]["contention"]["contended"]
     assert back["summary"]["status"] == "ok"
     assert back["summary"]["throughput"] == pytest.approx(ok["metrics"]["throughput"])
 

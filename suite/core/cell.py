@@ -172,6 +172,7 @@ def execute(payload: dict) -> Outcome:
     """Run the cell described by `payload` (Cell.resolved()) and return its record."""
     from suite.config.run import RunConfig
     from suite.harness.device import resolve_device
+    from suite.measure.contention import Watch
     from suite.measure.memory import apply_device_memory_cap
     from suite.measure.provenance import provenance
 
@@ -184,7 +185,13 @@ def execute(payload: dict) -> Outcome:
         device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
         cap = apply_device_memory_cap(run.device_memory, device)
         torch.manual_seed(run.seed)
-        record["metrics"] = KINDS.load(payload.get("kind", "throughput"))(run, device, cap)
+        name = payload.get("kind", "throughput")
+        if kind(name).watched:  # a benchmark's own times: the machine's load over the whole cell beside them
+            with Watch() as watch:
+                record["metrics"] = KINDS.load(name)(run, device, cap)
+            record["metrics"].setdefault("contention", watch.finish([]))
+        else:
+            record["metrics"] = KINDS.load(name)(run, device, cap)
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 — every failure becomes a status, never a lost cell
         record["status"] = classify(exc)

@@ -12,11 +12,14 @@ class CellKind(Entry):
     """A cell kind: `where` names its function (run, device, cap) -> metrics dict. `timed`: its throughput is the
     cell's figure, so a sweep measures it in interleaved rounds. `builds_method`: False where the cell never
     builds its method (a projection), so there is nothing of the method to check before launch. `one_process`:
-    launched as one process whatever the method's rank count (a count follows the ranks itself)."""
+    launched as one process whatever the method's rank count (a count follows the ranks itself). `watched`: a
+    benchmark whose figures are times of its own: the machine's load over the whole cell is recorded with them
+    (suite.measure.contention; a timed kind records it over its timed steps)."""
 
     timed: bool = False
     builds_method: bool = True
     one_process: bool = False
+    watched: bool = False
 
 
 # A new kind is one line here and its function where it belongs; the function is imported when a cell runs.
@@ -28,13 +31,19 @@ KINDS = Catalogue(
         ("finetune", CellKind("suite.tasks.finetune:finetune_cell")),
         ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),
         ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
-        ("planned", CellKind("methods.pipeline.planner.check:planned_cell")),
+        ("planned", CellKind("methods.pipeline.planner.check:planned_cell", watched=True)),
         ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
         ("count-search", CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True)),
-        ("bench-overhead", CellKind("experiments.benchmarks.overhead:overhead_cell", builds_method=False)),
-        ("bench-host-optim", CellKind("experiments.benchmarks.host_optim:host_optim_cell", builds_method=False)),
-        ("bench-l2l-host-step", CellKind("experiments.benchmarks.l2l_host_step:host_step_cell")),
-        ("bench-pipeline", CellKind("experiments.benchmarks.pipeline_vs_torch:pipeline_bench_cell")),
+        (
+            "bench-overhead",
+            CellKind("experiments.benchmarks.overhead:overhead_cell", builds_method=False, watched=True),
+        ),
+        (
+            "bench-host-optim",
+            CellKind("experiments.benchmarks.host_optim:host_optim_cell", builds_method=False, watched=True),
+        ),
+        ("bench-l2l-host-step", CellKind("experiments.benchmarks.l2l_host_step:host_step_cell", watched=True)),
+        ("bench-pipeline", CellKind("experiments.benchmarks.pipeline_vs_torch:pipeline_bench_cell", watched=True)),
     ],
 )
 

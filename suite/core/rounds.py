@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from suite.measure import flops
+from suite.measure import contention, flops
 from suite.records.schema import Outcome, Record
 
 # Rates whose rounds are kept: the median is the cell's figure, min and max its spread.
@@ -45,6 +45,9 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
         m["step_time_max"] = max(r["metrics"]["step_time_max"] for r in ok)
         m["timed_steps"] = sum(r["metrics"].get("timed_steps", 0) for r in ok)
     m.update(flops.achieved(m))  # TFLOPS and MFU of the merged throughput
+    watched = [r["metrics"].get("contention") for r in ok]
+    if any(watched):  # contended when any round was, or when the rounds' rates lie far apart
+        m["contention"] = contention.merged([c or {} for c in watched], m.get("throughput_rounds") or [])
     for key in PEAKS:
         values = [r["metrics"][key] for r in ok if isinstance(r["metrics"].get(key), (int, float))]
         if values:

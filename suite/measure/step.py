@@ -1,4 +1,5 @@
-"""Measure a method's steps: warm-up, timed steps (median kept), device and host memory peaks."""
+"""Measure a method's steps: warm-up, timed steps (median kept), device and host memory peaks, and whether the
+machine was busy meanwhile."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from suite.harness.device import synchronize
+from suite.measure.contention import Watch
 from suite.measure.memory import LiveBytesTracker, host_peak_bytes
 
 METHODOLOGY_VERSION = "1"
@@ -27,6 +29,7 @@ class Measurement:
     pinned_host_peak: int = 0
     losses: list[float] = field(default_factory=list)
     skipped_steps: int = 0
+    contention: dict = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | int | str]:
         med = statistics.median(self.step_times)
@@ -46,6 +49,7 @@ class Measurement:
             "pinned_host_peak_gb": self.pinned_host_peak / 1e9,
             "final_loss": self.losses[-1] if self.losses else float("nan"),
             "skipped_steps": self.skipped_steps,
+            "contention": self.contention,
         }
 
 
@@ -60,16 +64,18 @@ def measure(method, batches, warmup: int, steps: int, device: torch.device, cap:
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(warmup):
         method.step(next(batches))
-    for _ in range(steps):
-        batch = next(batches)
-        synchronize(device)
-        t0 = time.perf_counter()
-        stats = method.step(batch)
-        synchronize(device)
-        m.step_times.append(time.perf_counter() - t0)
-        m.samples_per_step = stats.samples
-        m.losses.append(stats.loss)
-        m.skipped_steps += int(stats.skipped)
+    with Watch() as watch:  # the machine's load over the timed steps (suite.measure.contention)
+        for _ in range(steps):
+            batch = next(batches)
+            synchronize(device)
+            t0 = time.perf_counter()
+            stats = method.step(batch)
+            synchronize(device)
+            m.step_times.append(time.perf_counter() - t0)
+            m.samples_per_step = stats.samples
+            m.losses.append(stats.loss)
+            m.skipped_steps += int(stats.skipped)
+    m.contention = watch.finish(m.step_times)
     if device.type == "cuda":
         m.device_memory_kind = "cuda peak allocated/reserved"
         m.device_peak_allocated = torch.cuda.max_memory_allocated(device)

@@ -140,11 +140,20 @@ def log_record(record: Record, mode: str) -> str | None:
     """Record a cell's finished record as a W&B run (its metrics the summary, a fine-tuning history the run's
     history); return its run directory, or None when not tracked."""
     metrics = record["metrics"]
+    prov, busy = record["provenance"] or {}, metrics.get("contention") or {}
+    # What a comparison in the W&B UI filters on: ratios hold within one machine's sweep, at one commit, idle.
+    where = {
+        "machine": (record.get("machine") or {}).get("slug"),
+        "sweep": record.get("sweep"),
+        "commit": prov.get("commit"),
+        "contended": bool(busy.get("contended")),
+        "contention_reasons": busy.get("reasons") or [],
+    }
     return log_cell(
         experiment=record["experiment"],
         row=record["row"],
         method=record["method"],
-        config=record["config"],
+        config={**record["config"], **where},
         provenance=record["provenance"] or {},
         summary={k: v for k, v in metrics.items() if k != "history"},
         status=record["status"],

@@ -14,6 +14,7 @@ from typing import Any
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
 from suite.core.rounds import RATES, spread
+from suite.measure.contention import contended
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
 from suite.records.schema import Record, metrics_of
@@ -124,11 +125,14 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False) -> list[Any
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
     metrics = metrics_of(rec)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
+    # A row timed on a busy machine, or against a baseline that was, shows its figures but no ratio of a rate
+    # (its memory ratios stand: load does not change what a step allocates).
+    busy = contended(metrics) or contended(metrics_of(base_rec))
     line: list[Any] = [
         cell.row.name,
         cell.row.method,
         *[cell.row.labels.get(c, "") for c in exp.label_columns],
-        status,
+        f"{status}, contended" if contended(metrics) else status,
         rec.get("sweep") if rec else None,
     ]
     for m in exp.metrics:
@@ -148,7 +152,9 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False) -> list[Any
         if m.ratio:
             base = metrics_of(base_rec)
             b_ours = (
-                _num(base.get(m.key)) if base_rec and measured(base_rec["status"], oom=False) and same_sweep else None
+                _num(base.get(m.key))
+                if base_rec and measured(base_rec["status"], oom=False) and same_sweep and not (busy and m.key in RATES)
+                else None
             )
             b_paper = paper_number(base_row.paper.get(m.key)) if base_row else None
             line.append(ours / b_ours if ours is not None and b_ours else None)
@@ -243,6 +249,7 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
     note = _sweep_note(exp, cells, records)
     if note:
         md += [note, ""]
+    md += contended_note(exp, cells, records)
     if any(spread(metrics_of(r), m.key) for r in records for m in exp.metrics):
         md += [
             "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
@@ -290,6 +297,22 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
             desc += f" — {reason(rec)}"
         md.append(desc)
     return "\n".join(md) + "\n", buf.getvalue()
+
+
+def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
+    """What `contended` means, why each such row is, and the command that measures them again."""
+    busy = [(c, r) for c, r in zip(cells, records) if r and contended(metrics_of(r))]
+    if not busy:
+        return []
+    why = "; ".join(f"`{c.row.name}`: {', '.join(metrics_of(r)['contention']['reasons'])}" for c, r in busy)
+    again = " ".join(f"--only {c.row.name}" for c, _ in busy)
+    return [
+        "`contended`: the machine was busy while the row was timed (suite/measure/contention.py states the bounds), "
+        "so its rates may describe the machine, not the method; their ratios, and every rate's ratio to a "
+        "contended baseline, are not shown (memory ratios are: load does not change what a step allocates). "
+        f"{why}. On an idle machine: `python -m suite run {exp.name} --profile {cells[0].profile} {again} --force`.",
+        "",
+    ]
 
 
 def counted_breakdown(cells, records: list[Record | None]) -> list[str]:

@@ -1,0 +1,81 @@
+"""A busy machine is measured and shown, never silent: cells timed under load are `contended`, their rates' ratios
+are not printed, the run names them, and `--strict` fails on them."""
+
+import subprocess
+import sys
+
+import pytest
+from test_trust import _cell, make_experiment
+
+from suite import cli
+from suite.core.experiment import Row
+from suite.core.request import SweepRequest
+from suite.core.rounds import merge
+from suite.measure import contention
+from suite.sweep import sweep
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@pytest.fixture
+def busy():
+    """One spinning process per usable core, each in a session of its own (another user's job, to the cell)."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    procs = [subprocess.Popen(spin, start_new_session=True) for _ in range(contention.usable_cores())]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def _spin_for(seconds: float) -> None:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_watch_over_a_loaded_machine_sees_the_others(busy):
+    with contention.Watch() as watch:
+        _spin_for(1.0)
+    c = watch.finish([1.0])
+    assert c["contended"], c
+    assert c["others_cores"] > 0.5 and any(r.startswith(("other processes", "load")) for r in c["reasons"])
+
+
+def test_a_step_far_slower_than_the_median_or_rounds_far_apart_are_contended():
+    with contention.Watch() as watch:
+        pass
+    spread = watch.finish([0.1, 0.1, 0.5])
+    assert spread["step_spread"] == 5.0 and any(r.startswith("spread") for r in spread["reasons"])
+    one_slow = watch.finish([0.1, 0.1, 0.11, 0.1, 0.1, 0.1, 0.9])  # a collection: the median stands
+    assert one_slow["step_spread"] < 1.2 and not one_slow["contended"]
+    calm = {"contended": False, "reasons": []}
+    rounds = [
+        {"status": "ok", "metrics": {"throughput": tp, "contention": calm}, "provenance": {}} for tp in (3.45, 308.7)
+    ]
+    merged = merge(rounds, planned=2)["metrics"]["contention"]
+    assert merged["contended"] and merged["reasons"] == ["rounds: their rates lie 89.5x apart"]
+
+
+def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_path, monkeypatch, busy):
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
+    said = []
+    req = SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1, overrides=["steps=40"])
+    records = sweep(req, progress=said.append)
+    assert all(r["metrics"]["contention"]["contended"] for r in records), [r["metrics"]["contention"] for r in records]
+    assert _cell(tmp_path, "b", "status") == "ok, contended"
+    assert _cell(tmp_path, "b", "throughput xa ours") == "—"  # a rate's ratio: not shown
+    assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # memory's stands
+    assert "`contended`: the machine was busy" in (tmp_path / "trust-test.md").read_text()
+    (line,) = [m for m in said if m.startswith("contended")]
+    assert line.endswith("--only a --only b --force")
+
+
+def test_strict_fails_on_a_contended_cell(monkeypatch):
+    record = {"status": "ok", "metrics": {"contention": {"contended": True, "reasons": ["load"]}}}
+    monkeypatch.setattr("suite.sweep.sweep", lambda req: [record])
+    assert cli.main(["run", "table2", "--profile", "tiny", "--wandb", "off"]) == 0
+    assert cli.main(["run", "table2", "--profile", "tiny", "--wandb", "off", "--strict"]) == 1
