@@ -10,6 +10,7 @@ from typing import Any, Callable
 from experiments.table7 import data_dir
 from suite.core.experiment import Experiment, Metric, Row
 from suite.report import plots
+from suite.tasks.glue import check_folder
 
 # The paper's Table 1 (355M-parameter BERT, fine-tuned on MNLI and RACE) and its GPT test perplexities.
 PAPER = {
@@ -195,6 +196,7 @@ EXPERIMENT = PretrainExperiment(
     timeout=lambda profile: {"tiny": 600.0, "small": 4 * 3600.0}.get(profile, 48 * 3600.0),
     figure=figure,
     options=options,
+    data_check=lambda folder: check_folder(folder, "train"),  # its corpus: the training sentences
     notes=(
         "Vanilla is PipeDream-Flush (the same semantics as GPipe and data parallelism, as the paper notes); 2BW is "
         "PipeDream-2BW, W(t+1) = W(t) - lr * grad(W(t-1)). Both run as 2 (tiny, small) or 8 (paper) pipeline "

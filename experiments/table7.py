@@ -10,10 +10,10 @@ from typing import Any, Callable
 import torch
 
 from experiments import figure4, table7_equivalence
-from suite.config.paths import ROOT
+from suite.config.paths import GLUE_DIR_ENV, ROOT
 from suite.config.run import RunConfig
 from suite.core.experiment import Experiment, Metric, Row
-from suite.tasks.glue import TASKS
+from suite.tasks.glue import TASKS, check_folder
 
 # The paper's Table 7 (BERT-Large, 3 epochs, lr 1e-3), percent; "NA" where it printed NA, and a string
 # where a float would drop the trailing zero the paper printed.
@@ -43,7 +43,7 @@ SEQ_LEN = {"small": {"rte": 256}}
 # Extra seeds of the baseline FP32 row (offsets from the run's default seed): the seed-to-seed spread L2L's
 # scores are judged against.
 SEEDS = {"small": (1, 2), "paper": (1, 2)}
-ENV_DATA_DIR = "SUITE_GLUE_DIR"  # set by `make table7 DATA_DIR=...` (and the CLI's --data-dir once wired)
+ENV_DATA_DIR = GLUE_DIR_ENV  # set by `make table7 DATA_DIR=...` and the CLI's --data-dir
 
 
 @dataclass
@@ -207,6 +207,7 @@ EXPERIMENT = FinetuneExperiment(
     timeout=lambda profile: {"tiny": 600.0, "small": 3 * 3600.0}.get(profile, 6 * 3600.0),
     figure=figures,
     options=options,
+    data_check=check_folder,
     notes=(
         "`dev` is the dev score after the last epoch (the held-out score where the task column says so), `best dev` "
         "the best of the evaluations during training (4 per epoch and at step 0); only `dev` is a result, `best dev` "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from experiments import table7
 from suite.core.experiment import Metric
-from suite.tasks.glue import TASKS
+from suite.tasks.glue import TASKS, check_folder
 
 RATES = (2e-5, 5e-5, 1e-4)  # AdamW's usual range for a small pretrained BERT
 TASKS_CHOSEN_ON = ("mrpc", "rte", "stsb", "cola")  # the small tasks with a train file; QNLI has none here
@@ -81,6 +81,7 @@ EXPERIMENT = table7.FinetuneExperiment(
     kind="finetune",
     timeout=table7.EXPERIMENT.timeout,
     options=table7.options,
+    data_check=lambda folder: check_folder(folder, "train"),  # it holds out a fifth of train
     notes=(
         "Every row trains the FP32 baseline (grad_accum) with Table 7's `small` recipe at one learning rate, on a "
         "seeded 80% of the task's train split, and scores the other 20% (the `held-out` columns): dev is never "

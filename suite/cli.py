@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from suite.config import paths
 from suite.config.errors import ConfigError
 
 
@@ -43,6 +44,23 @@ def _nodes(args, needs_node_rank: bool):
     return Nodes.from_env(**given).validate(needs_node_rank)
 
 
+def _check_data_dir(exp, folder: str) -> None:
+    """A --data-dir that this experiment cannot read fails in one line, before anything runs or is written."""
+    from suite.core.experiment import all_experiments
+
+    if exp.data_check is None:
+        readers = ", ".join(n for n, e in all_experiments().items() if e.data_check is not None)
+        raise ConfigError(f"--data-dir: {exp.name} reads no data folder; the experiments that do: {readers}")
+    if not os.path.isdir(folder):
+        raise ConfigError(
+            f"--data-dir {folder!r} is not a folder; give the folder holding the GLUE task folders "
+            "(CoLA, MRPC, RTE, SST-2, STS-B, QNLI)"
+        )
+    problem = exp.data_check(folder)
+    if problem:
+        raise ConfigError(f"--data-dir {folder!r}: {problem}")
+
+
 def _run(args) -> int:
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
@@ -52,12 +70,8 @@ def _run(args) -> int:
     nodes = _nodes(args, needs_node_rank=True)
     exp = get_experiment(args.experiment)
     if args.data_dir:  # read by the GLUE experiments (in this process and, inherited, in the cells)
-        if not os.path.isdir(args.data_dir):
-            raise ConfigError(
-                f"--data-dir {args.data_dir!r} is not a folder; give the folder holding the GLUE "
-                "task folders (CoLA, MRPC, RTE, SST-2, STS-B, QNLI)"
-            )
-        os.environ["SUITE_GLUE_DIR"] = os.path.abspath(args.data_dir)
+        _check_data_dir(exp, args.data_dir)
+        os.environ[paths.GLUE_DIR_ENV] = os.path.abspath(args.data_dir)
     req = SweepRequest(
         exp,
         profile=args.profile,

@@ -8,3 +8,6 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Read as `paths.RESULTS_DIR` at call time where tests point it at a temporary folder.
 RESULTS_DIR = Path(os.environ.get("SUITE_RESULTS_DIR", os.path.join(ROOT, "results")))
+# The folder of GLUE TSVs a run reads (`--data-dir`, `make table7 DATA_DIR=...`), inherited by its cells. A table
+# is rendered without it: a section shows what its records and the definitions say, not what one run's folder made.
+GLUE_DIR_ENV = "SUITE_GLUE_DIR"

@@ -115,6 +115,9 @@ class Experiment:
     # Settings of this experiment's cells that no method declares (a benchmark's rounds): rows, profiles and
     # `--set` give them like a method's options, and they land in the run's options.
     settings: dict[str, registry.Option] = field(default_factory=dict)
+    # For an experiment that reads a folder of data (`--data-dir`): what is wrong with a folder given, or None.
+    # Experiments without it read none, and refuse one.
+    data_check: Callable[[str], str | None] | None = None
 
     def cells(
         self,

@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import re
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from suite.config import paths
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
 from suite.core.rounds import RATES, spread
@@ -347,6 +350,18 @@ def counted_breakdown(cells, records: list[Record | None]) -> list[str]:
     return md
 
 
+@contextmanager
+def _definitions_only():
+    """Rows as the definitions make them, not as one run's data folder does: a row that folder skipped would
+    otherwise read `skipped` in every machine's section."""
+    saved = os.environ.pop(paths.GLUE_DIR_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[paths.GLUE_DIR_ENV] = saved
+
+
 def sections(exp, results_dir: Path, warn=print) -> list[tuple[str, list, list[dict | None]]]:
     """Every (machine, profile, device, variant) this experiment has records for, each with its rows in order."""
     groups: dict[tuple, dict[str, dict]] = {}
@@ -362,7 +377,8 @@ def sections(exp, results_dir: Path, warn=print) -> list[tuple[str, list, list[d
     for (profile, machine, dev, variant), by_row in sorted(
         groups.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1].startswith("unfingerprinted"), kv[0][1:])
     ):
-        rows = {r.name: r for r in exp.rows(profile)}
+        with _definitions_only():
+            rows = {r.name: r for r in exp.rows(profile)}
         cells, records = [], []
         for name, row in rows.items():
             rec = by_row.get(name)

@@ -124,6 +124,17 @@ def _read_tsv(t: GlueTask, path: str) -> dict[str, list]:
     return cols
 
 
+def check_folder(folder: str, split: str = "") -> str | None:
+    """What keeps `folder` from being a folder of GLUE TSVs (no task folder holding a split, or `split` where one is
+    named), or None when it is one."""
+    names = sorted({t.folder for t in TASKS.values()})
+    splits = [split] if split else ["train", "dev"]
+    if any(os.path.isfile(os.path.join(folder, n, f"{s}.tsv")) for n in names for s in splits):
+        return None
+    what = " or ".join(f"{s}.tsv" for s in splits)
+    return f"no GLUE task's {what} in it; expected task folders ({', '.join(names)}) holding {what}"
+
+
 def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
     """A split ('train' or 'dev') as a datasets.Dataset with columns text_a, text_b (None if single), label.
 
