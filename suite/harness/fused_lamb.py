@@ -3,10 +3,13 @@ None with a warning."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import platform
+import signal
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -16,8 +19,7 @@ SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
 # machine another's code). fp-contract=off keeps the foreach LAMB's roundings; no-math-errno lets sqrt vectorise.
 # -fopenmp compiles the pragmas but is not passed to the linker: the OpenMP calls bind to the runtime torch has
 # already loaded (its bundled libgomp), so torch.set_num_threads and the kernel share one pool. A torch without
-# one leaves them unresolved: the load fails and the foreach LAMB stands in, with the warning below. A build
-# killed half-way leaves torch's lock file in its build folder (~/.cache/torch_extensions): delete that folder.
+# one leaves them unresolved: the load fails and the foreach LAMB stands in, with the warning below.
 FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 
 
@@ -50,6 +52,60 @@ def shared_source() -> tuple[Path, str]:
 
 
 _why: list[str] = []  # why the build failed in this process, if it did
+_APART = "SUITE_FUSED_LAMB_BUILDING"  # set in the process that builds apart: it builds in place
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """Hold the build folder under a lock the kernel keeps for this process (it ends with the process, however it
+    ends). Under it no other build can be running, so a lock file torch left behind (a build killed half-way, whose
+    next load would wait on it for ever) is stale and removed."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock alone
+        yield
+        return
+    with open(build_dir / "memtrain.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
+
+
+def _build_apart() -> None:
+    """Build the kernel in a process of its own, in a process group of its own with the ninja and compilers it
+    starts: an interrupt or SIGTERM of this process (the CLI turns SIGTERM into one) kills that group whole, so no
+    compiler outlives the run; a SIGKILL leaves the build to finish on its own and release its locks."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "suite.harness.fused_lamb"],
+        env={**os.environ, _APART: "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        proc.wait()
+    except BaseException:
+        _kill_session(proc.pid)
+        proc.wait()
+        raise
+
+
+def _kill_session(sid: int) -> None:
+    """Kill every process of session `sid`: ninja puts each compiler in a process group of its own, so killing the
+    build's group would leave them running; the session holds them all."""
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            if name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[3]) == sid:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+    try:
+        os.killpg(sid, signal.SIGKILL)  # where there is no /proc
+    except ProcessLookupError:
+        pass
 
 
 def status() -> str | None:
@@ -80,12 +136,12 @@ def kernel():
 
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
         source, digest = shared_source()
-        return cpp_extension.load(
-            name=f"memtrain_lamb_{_cpu_tag()}_{digest}",
-            sources=[str(source)],
-            extra_cflags=FLAGS + native,
-            verbose=False,
-        )
+        name = f"memtrain_lamb_{_cpu_tag()}_{digest}"
+        build_dir = Path(cpp_extension._get_build_directory(name, False))
+        if not (build_dir / f"{name}.so").exists() and not os.environ.get(_APART):
+            _build_apart()  # what it could not build, the load below tries again and says why
+        with _build_lock(build_dir):  # built: ninja finds it up to date
+            return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=FLAGS + native, verbose=False)
     except Exception as exc:  # noqa: BLE001 — no compiler, no ninja, a failed build: all mean the fallback
         if mode == "require":
             raise RuntimeError(f"the fused LAMB kernel did not build: {exc}") from exc
