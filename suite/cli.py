@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 from suite.config import paths
 from suite.config.errors import ConfigError
@@ -299,10 +301,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM ends a run as Ctrl-C does: its cells killed, its finished rounds kept
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return args.fn(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # one line, no traceback (suite.core.runner.Interrupted says what was kept)
+        print(str(exc) or "interrupted: no cell was running; every record made is saved", file=sys.stderr)
+        return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

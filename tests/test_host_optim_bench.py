@@ -44,7 +44,7 @@ def test_the_cell_measures_every_candidate_through_the_runner_and_renders(tmp_pa
     assert all(r["fixed_us"] > 0 and r["fixed_share"] > 0 for r in rows if r["kind"] != "triad")
     assert len(m["fixed_raw"]["suite AdamW, fused (L2L's host)"]) == 2
     page = (tmp_path / "bench-host-optim.md").read_text()
-    assert "| layer-1-thread | l2l | layer | ok |" in page and "| layer-all-threads | l2l | layer | not run |" in page
+    assert "| layer-1-thread | l2l | layer | ok" in page and "| layer-all-threads | l2l | layer | not run |" in page
     assert "**layer** (" in page and "| suite LAMB, fused (L2L's host) |" in page and "Ratios to: " in page
     candidates = page.split("**layer** (")[1].split("Notes: ")[0]
     assert (

@@ -123,21 +123,34 @@ def test_records_are_reused_only_on_the_machine_that_made_them(tmp_path, monkeyp
     table = (tmp_path / "trust-test.md").read_text()
     assert "tiny profile on machine-one (cpu device)" in table and "tiny profile on machine-two (cpu device)" in table
     assert table.count("Machine `machine-") == 2
-    assert table.count("| a | grad_accum | ok |") == 2  # one row per machine, never mixed
+    assert table.count("| a | grad_accum | ok") == 2  # one row per machine, never mixed (contended or not)
 
 
-def test_rows_from_another_sweep_are_marked_and_show_no_ratio(tmp_path, monkeypatch):
+def test_a_subset_rerun_measures_its_reference_again_and_rows_of_another_sweep_show_no_ratio(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "m")
-    exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
+    exp = make_experiment(
+        [Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7}), Row("c", "grad_accum", {"seed": 8})]
+    )
     first = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet)
     assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # one sweep: a ratio
     second = sweep(
         SweepRequest(exp, "tiny", ["b"], force=True, results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet
     )
-    assert second[0]["sweep"] != first[0]["sweep"]
-    assert "`b` came from other sweeps and show no ratio" in (tmp_path / "trust-test.md").read_text()
-    assert _cell(tmp_path, "b", "memory_gb xa ours") == "—"
-    assert _cell(tmp_path, "b", "sweep") == second[0]["sweep"]
+    a, b = second  # the reference row `a` joins the re-run, measured beside `b` in its new sweep
+    assert a["row"] == "a" and a["sweep"] == b["sweep"] != first[0]["sweep"] and a["finished"] > first[0]["finished"]
+    assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # so `b` carries its ratio
+    assert "`c` came from other sweeps and show no ratio" in (tmp_path / "trust-test.md").read_text()
+    assert _cell(tmp_path, "c", "memory_gb xa ours") == "—"
+    assert _cell(tmp_path, "b", "sweep") == b["sweep"]
+    # a subset whose cells are all finished measures nothing, the reference neither
+    third = sweep(SweepRequest(exp, "tiny", ["c"], results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet)
+    assert [r["finished"] for r in third] == [a["finished"], first[2]["finished"]]
+    # a cell measured anew (its record lost or corrupt) takes its reference with it, finished or not
+    store.run_path(tmp_path, first[2]["key"], "m").unlink()
+    said = []
+    a2, c2 = sweep(SweepRequest(exp, "tiny", ["c"], results_dir=tmp_path, wandb_mode="off", rounds=1), said.append)
+    assert any("trust-test/a (grad_accum, tiny): measured again" in m for m in said), said
+    assert a2["sweep"] == c2["sweep"] != a["sweep"] and _cell(tmp_path, "c", "memory_gb xa ours").endswith("x")
 
 
 def _cell(results_dir, row: str, column: str) -> str:

@@ -45,6 +45,19 @@ def world_of(cell: Cell) -> int:
     return registry.get(cell.run.method).world_size(cell.run) if registry.is_registered(cell.run.method) else 1
 
 
+_running: set[subprocess.Popen] = set()  # cell processes of this runner now running (counts run several at once)
+
+
+def kill_running() -> None:
+    """Kill every cell process this runner has running, each with its session (an interrupted sweep's counts)."""
+    for proc in list(_running):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def run_cell(cell: Cell, timeout: float | None = None) -> Outcome:
     """Run one cell in a subprocess on this machine; returns its record with exactly one status."""
     record, failure = launch(cell.resolved(), world_of(cell), cell.timeout if timeout is None else timeout)
@@ -74,6 +87,7 @@ def launch(
                 start_new_session=True,
             )
             status = None
+            _running.add(proc)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -81,6 +95,7 @@ def launch(
             except KeyboardInterrupt:
                 status = "error: interrupted"
             finally:
+                _running.discard(proc)
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
@@ -165,19 +180,20 @@ class Worker:
             outcome, status = _read(out_path)
             if outcome is not None:
                 return outcome
-        self.stop()  # a worker that failed a job is not trusted with another
+        self.stop(kill=status == "error: interrupted")  # a worker that failed a job is not trusted with another
         with open(self.log_path, errors="replace") as f:
             f.seek(log_from)
             tail = f.read()[-4000:]
         return {"status": status, "metrics": {}, "error": tail, "provenance": None}
 
-    def stop(self) -> None:
-        """End the worker: its stdin closed, then its session killed if it is still there."""
+    def stop(self, kill: bool = False) -> None:
+        """End the worker: its stdin closed, then its session killed if it is still there (at once with `kill`:
+        an interrupted job is not waited for)."""
         if self.proc is None:
             return
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=0 if kill else 10)
         except (OSError, subprocess.TimeoutExpired):
             pass
         if self.proc.poll() is None:

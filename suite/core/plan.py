@@ -56,10 +56,13 @@ def expand(req: SweepRequest) -> list[Cell]:
     """The request's cells (as counts when it counts), every method constraint checked before any process starts;
     across nodes, every multi-rank cell must split evenly over them."""
     exp = req.experiment
+    only = req.only
+    if only and any(m.ratio for m in exp.metrics) and exp.baseline not in only:
+        only = [exp.baseline, *only]  # the reference row, measured again if the rows it is a ratio for are (plan)
     if req.measure == "count":
-        cells = counted(exp.cells(req.profile, req.only, req.overrides, req.device_memory, counting=True))
+        cells = counted(exp.cells(req.profile, only, req.overrides, req.device_memory, counting=True))
     else:
-        cells = exp.cells(req.profile, req.only, req.overrides, req.device_memory)
+        cells = exp.cells(req.profile, only, req.overrides, req.device_memory)
     check_cells(cells)
     if not req.nodes.multi:
         return cells
@@ -148,4 +151,21 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
             p.complete.append(cell)
         else:
             p.todo.append(cell)
+    _with_reference(req, cells, p, progress)
     return p
+
+
+def _with_reference(req: SweepRequest, cells: list[Cell], p: Plan, progress: Callable[[str], None]) -> None:
+    """Rows measured in this sweep take their ratios to the experiment's reference row only within one sweep: a
+    reference finished in another sweep is measured again beside them, first in each round, so that they carry
+    ratios (a subset re-run with --only, a cell re-measured after a corrupt record). The rows reused from that
+    other sweep then show none, and the table says so."""
+    exp = req.experiment
+    if not p.todo or not any(m.ratio for m in exp.metrics):
+        return
+    ref = next((c for c in cells if c.row.name == exp.baseline), None)
+    if ref is None or ref.key not in p.reused or p.reused[ref.key].get("sweep") == p.sweep:
+        return
+    del p.reused[ref.key]
+    p.todo.insert(0, ref)
+    progress(f"{p.tags[ref.key]}: measured again, beside the rows of sweep {p.sweep} that take their ratios to it")

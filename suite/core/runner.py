@@ -11,7 +11,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from suite.core import registry
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
-from suite.core.launcher import follow, pooled, run_cell, run_cell_on_nodes, shared_worker, world_of
+from suite.core.launcher import (
+    follow,
+    kill_running,
+    pooled,
+    run_cell,
+    run_cell_on_nodes,
+    shared_worker,
+    world_of,
+)
 from suite.core.nodes import Coordinator
 from suite.core.plan import Plan, expand, plan
 from suite.core.recorder import Recorder
@@ -98,6 +106,10 @@ def counted_past_cap(cells: list[Cell], timeout: float | None, progress: Callabl
     return out
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while a sweep measured: what it kept, what it discarded, and how to go on, in one line."""
+
+
 class Rounds:
     """The cells a plan leaves to measure, round by round, each round's outcome merged into the cell's record."""
 
@@ -139,19 +151,36 @@ class Rounds:
                     if req.deadline is not None and (self.left or time.time() + self.longest > req.deadline):
                         self.left.append(tag)
                         continue
-                    records[cell.key] = self.one(cell, tag)
-                    if records[cell.key]["status"] == "error: interrupted":
-                        raise KeyboardInterrupt
+                    try:
+                        records[cell.key] = self.one(cell, tag)
+                    except Interrupted:
+                        raise
+                    except KeyboardInterrupt:  # between a launch's steps: the round is discarded all the same
+                        raise self.interrupted(cell, tag) from None
             completed = True
         finally:
+            if not completed:
+                kill_running()  # counts running ahead in their threads, each its own process
             if ahead is not None:
-                ahead.shutdown(cancel_futures=True)
+                ahead.shutdown(wait=completed, cancel_futures=True)
             if self.coord is not None:
                 self.coord.finish(wait=completed)  # the other nodes stop following
         if self.left:
             n = len(self.left)
             self.progress(f"deadline reached: {n} cell-round(s) left for the next call (the same command resumes them)")
         return records
+
+    def interrupted(self, cell: Cell, tag: str) -> Interrupted:
+        """The running round is discarded; the cell's finished rounds are saved as a partial record (in this sweep,
+        which the same command resumes); a cell with none keeps whatever record it had."""
+        kept = [r for r in self.done[cell.key] if r["status"] == "ok"]
+        if kept:
+            self.recorder.save(cell, merge(kept, self.planned(cell)), final=False, tag=tag)
+        rounds = sum(len(v) for v in self.done.values())
+        return Interrupted(
+            f"interrupted: {tag.split('] ', 1)[-1]} discarded its running round; {rounds} finished cell-round(s) of "
+            f"sweep {self.sweep} are kept, and the same command resumes it"
+        )
 
     def one(self, cell: Cell, tag: str) -> Record:
         """One round of `cell`: run it, merge it with the rounds before, save the record, report it."""
@@ -166,6 +195,8 @@ class Rounds:
         else:
             outcome = run_cell(cell, self.req.timeout)
         took = time.time() - started
+        if outcome["status"] == "error: interrupted":
+            raise KeyboardInterrupt
         self.longest = max(self.longest, took)  # the deadline's yardstick
         self.done[cell.key].append(outcome)
         merged = merge(self.done[cell.key], self.planned(cell))
