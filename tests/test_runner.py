@@ -126,14 +126,21 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
             SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", rounds=1),
             progress=interrupt_after_first,
         )
-    first = sorted((tmp_path / "runs" / "test-machine").glob("*.json"))
-    assert len(first) == 1
+    saved = {
+        r["row"]: (p, r)
+        for p in (tmp_path / "runs" / "test-machine").glob("*.json")
+        for r in [json.loads(p.read_text())]
+    }
+    assert saved["a"][1]["status"] == "ok" and saved["b"][1]["status"].startswith("pending: interrupted before it ran")
+    assert saved["b"][1]["sweep"] == saved["a"][1]["sweep"]  # held in the sweep, which the same command goes on with
+    first = [saved["a"][0]]
     stamp = first[0].stat().st_mtime_ns
     seen = []
     records = sweep(
         SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=seen.append
     )
     assert [r["status"] for r in records] == ["ok", "ok"]
+    assert records[1]["sweep"] == saved["a"][1]["sweep"]
     assert any("a (grad_accum, tiny): ok (cached on test-machine" in m for m in seen)
     assert first[0].stat().st_mtime_ns == stamp
     # --force runs it again

@@ -137,6 +137,8 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
         if kept:
             p.resumed[cell.key] = kept
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
+        elif cached and str(cached["status"]).startswith("pending") and not req.force:
+            p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
         twin = None if cached or req.force else same_as(req, cell, machine)
         if twin is not None:
             progress(f"{p.tags[cell.key]}: {twin['status']} (the same cell as {twin['reused_from']['experiment']}/"

@@ -167,15 +167,25 @@ class Rounds:
                 self.coord.finish(wait=completed)  # the other nodes stop following
         if self.left:
             n = len(self.left)
+            self.hold("left at the deadline; the same command runs it in this sweep")
             self.progress(f"deadline reached: {n} cell-round(s) left for the next call (the same command resumes them)")
         return records
+
+    def hold(self, why: str) -> None:
+        """Save each cell that has not measured a round yet as `pending: <why>` in this sweep, so that the call which
+        runs it joins the sweep (suite.core.plan) and its ratios hold."""
+        for cell in self.todo:
+            if not self.done[cell.key]:
+                pending: Outcome = {"status": f"pending: {why}", "metrics": {}, "provenance": None}
+                self.recorder.save(cell, pending)
 
     def interrupted(self, cell: Cell, tag: str) -> Interrupted:
         """The running round is discarded; the cell's finished rounds are saved as a partial record (in this sweep,
         which the same command resumes); a cell with none keeps whatever record it had."""
         kept = [r for r in self.done[cell.key] if r["status"] == "ok"]
-        if kept:
+        if kept and len(kept) < self.planned(cell):  # (a cell with every round done is saved final already)
             self.recorder.save(cell, merge(kept, self.planned(cell)), final=False, tag=tag)
+        self.hold("interrupted before it ran; the same command runs it in this sweep")
         rounds = sum(len(v) for v in self.done.values())
         return Interrupted(
             f"interrupted: {tag.split('] ', 1)[-1]} discarded its running round; {rounds} finished cell-round(s) of "
