@@ -1,4 +1,4 @@
-"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | check METHOD | plan`."""
+"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | check METHOD | plan | campaign`."""
 
 from __future__ import annotations
 
@@ -23,12 +23,15 @@ def _list(args) -> int:
         opts = ", ".join(
             f"{k}={o.default} {list(o.choices) if o.choices else ''}".strip() for k, o in cls.options.items()
         )
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        lines = (cls.__doc__ or "").strip().splitlines()
+        doc = lines[0] if lines else f"(no description: {cls.__name__} has no docstring; its first line is this one)"
         doc = f"[peer: {cls.peer}] {doc}" if cls.peer else doc
         print(f"  {name:22s} precisions {','.join(cls.precisions):12s} {doc}" + (f"  options: {opts}" if opts else ""))
     print("experiments:")
-    for name, exp in sorted(all_experiments().items()):
-        print(f"  {name:16s} {exp.title}")
+    experiments = sorted(all_experiments().items())
+    width = max(len(name) for name, _ in experiments)
+    for name, exp in experiments:
+        print(f"  {name:{width}s} {exp.title}")
     print("profiles:")
     print(
         "  tiny   CPU-sized models, minutes (CI)\n  small  a quick GPU run\n"
@@ -298,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a fresh process per cell-round instead of one long-lived worker for single-rank throughput cells",
     )
     g.set_defaults(fn=_campaign)
+    for command in sub.choices.values():  # its own usage for what it does not take
+        command.set_defaults(command_parser=command)
     return p
 
 
@@ -306,7 +311,12 @@ def _terminated(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command they were given to, with its usage, not the top level's
+        args.command_parser.error(
+            f"unrecognized arguments: {' '.join(extra)} (python -m suite {args.command} --help lists its options)"
+        )
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:

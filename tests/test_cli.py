@@ -86,3 +86,43 @@ def test_render_writes_tables_from_records_alone(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "table4.md").exists() and (tmp_path / "table4.csv").exists()
     assert not (tmp_path / "runs").exists()  # no cell ran, so no record was written
     assert "wrote" in capsys.readouterr().out
+
+
+def test_a_method_option_set_on_a_table_goes_to_the_rows_whose_method_takes_it():
+    from suite.core.experiment import get_experiment
+
+    cells = get_experiment("table2").cells("tiny", None, ["stash=cpu"], None)
+    stash = {c.row.name: c.run.options.get("stash") for c in cells}
+    assert stash["l2l-fp32"] == "cpu" and stash["l2l-cmp"] == "cpu" and stash["baseline-fp32"] is None
+    only = get_experiment("table2").cells("tiny", ["l2l-fp32"], ["stash=cpu"], None)  # the same with --only
+    assert only[0].run.options["stash"] == "cpu"
+    with pytest.raises(ConfigError, match="the rows selected take: .*stash"):
+        get_experiment("table2").cells("tiny", None, ["stsh=cpu"], None)
+
+
+def test_a_subcommand_names_its_own_unknown_arguments_and_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--workers", "8", "--batch", "64", "--profile", "tiny"])
+    err = capsys.readouterr().err
+    assert (
+        "python -m suite plan: error: unrecognized arguments: --profile tiny" in err
+        and "usage: python -m suite plan" in err
+    )
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "campaign" in capsys.readouterr().out.split("positional arguments")[0]
+
+
+def test_a_method_without_a_docstring_says_so_in_the_list(monkeypatch, capsys):
+    from suite.core import registry
+
+    class Undocumented(registry.get("grad_accum")):
+        pass
+
+    names = registry.names()
+    monkeypatch.setattr(registry, "names", lambda: [*names, "undocumented"])
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda n: Undocumented if n == "undocumented" else real(n))
+    assert main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("undocumented"))
+    assert "(no description: Undocumented has no docstring" in line

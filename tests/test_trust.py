@@ -176,6 +176,9 @@ def test_rounds_interleave_the_cells_and_report_median_and_spread(tmp_path, monk
     recs = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3), progress=seen.append)
     assert order == ["a", "b", "c"] * 3  # ABC ABC ABC
     assert any("round 2/3" in m for m in seen)
+    # each round says its own figure with its unit, the median so far, and the time left
+    line = next(m for m in seen if "trust-test/a" in m and "round 2/3: partial" in m)
+    assert "this round 12 samples/s (median of 2: 11)" in line and "cell-round(s) left, about" in line, line
     a, b, c = recs
     assert a["metrics"]["throughput"] == 11.0 and a["metrics"]["throughput_rounds"] == [10.0, 12.0, 11.0]
     assert b["rounds"] == 3 and b["status"] == "ok"

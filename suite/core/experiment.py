@@ -139,6 +139,7 @@ class Experiment:
                         f"experiment {self.name} has no row {o!r}{did_you_mean(o, names)}; rows: {', '.join(names)}"
                     )
             rows = [r for r in rows if any(fnmatch.fnmatchcase(r.name, o) for o in only)]
+        takes = self._set_keys(rows, overrides or [])
         cells = []
         for row in rows:
             if row.skip and not (counting and row.count_anyway):
@@ -150,8 +151,8 @@ class Experiment:
                 opts = {k: _Raw() for k in pairs if k not in override_keys()}
             opts = {**self.settings, **opts}
             run = apply_overrides(RunConfig(method=row.method), pairs, opts)
-            if overrides:
-                run = apply_overrides(run, overrides, opts)
+            if overrides:  # a method's option goes to the rows whose method takes it (stash=cpu: the L2L rows)
+                run = apply_overrides(run, [p for p in overrides if _key(p) in takes[row.method]], opts)
             if device_memory is not None:
                 run.device_memory = device_memory
             if run.device == "auto":  # resolve here so a CPU and a GPU result never share a cache key
@@ -161,10 +162,34 @@ class Experiment:
             )
         return cells
 
+    def _set_keys(self, rows: list[Row], overrides: list[str]) -> dict[str, set[str]]:
+        """The --set keys each row's method takes: the run's and the model's for all, a method option for the
+        methods that declare it. A key that no selected row takes is refused, naming every key they do."""
+        common = set(override_keys()) | set(self.settings)
+        takes = {
+            r.method: common | (set(registry.get(r.method).options) if registry.is_registered(r.method) else set())
+            for r in rows
+        }
+        accepted = sorted(set().union(common, *takes.values()))
+        for pair in overrides:
+            if "=" not in pair:
+                raise ConfigError(f"--set expects key=value, got {pair!r}")
+        for key in {_key(p) for p in overrides}:
+            if key not in accepted:
+                raise ConfigError(
+                    f"unknown --set key {key!r}{did_you_mean(key, accepted)}; the rows selected take: "
+                    f"{', '.join(accepted)}"
+                )
+        return takes
+
     def adapt(self, cell: Cell, profile: str) -> Cell:
         """Hook for what a cell needs beyond its validated run: options no method declares (a GLUE task, a
         pre-training corpus, a projection), which `apply_overrides` would refuse, or another cell kind."""
         return cell
+
+
+def _key(pair: str) -> str:
+    return pair.split("=", 1)[0].strip()
 
 
 class _Raw:

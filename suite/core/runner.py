@@ -121,6 +121,9 @@ class Rounds:
         self.coord: Coordinator | None = None
         self.counts: dict[str, Future] = {}
         self.worker = shared_worker() if req.worker and req.measure == "time" else None
+        # For the time left: the cell-rounds this call has to run, and the seconds those run so far took.
+        self.total = sum(max(self.planned(c) - len(self.done[c.key]), 0) for c in p.todo)
+        self.ran, self.spent = 0, 0.0
 
     def planned(self, cell: Cell) -> int:
         return self.req.planned_rounds(is_timed(cell.kind))
@@ -212,7 +215,25 @@ class Rounds:
         merged = merge(self.done[cell.key], self.planned(cell))
         final = not merged["status"].startswith("partial")
         record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
-        m = record["metrics"]
-        shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("throughput", "memory_gb") if isinstance(m.get(k), float))
-        self.progress(f"{tag}: {record['status']} in {took:.1f}s{'; ' + shown if shown else ''}")
+        self.ran, self.spent = self.ran + 1, self.spent + took
+        self.progress(f"{tag}: {record['status']} in {took:.1f}s{self._figures(outcome, record)}{self._left()}")
         return record
+
+    @staticmethod
+    def _figures(outcome: Outcome, record: Record) -> str:
+        """This round's figures with their units, and the median of the rounds so far where there are several."""
+        now, merged = outcome.get("metrics") or {}, record["metrics"]
+        parts = []
+        if isinstance(now.get("throughput"), (int, float)):
+            rounds = merged.get("throughput_rounds") or []
+            median = f" (median of {len(rounds)}: {merged['throughput']:.4g})" if len(rounds) > 1 else ""
+            parts.append(f"this round {now['throughput']:.4g} samples/s{median}")
+        if isinstance(now.get("memory_gb"), (int, float)):
+            parts.append(f"memory {now['memory_gb']:.4g} GB")
+        if (now.get("contention") or {}).get("contended"):
+            parts.append("contended: " + "; ".join(now["contention"]["reasons"]))
+        return "; " + ", ".join(parts) if parts else ""
+
+    def _left(self) -> str:
+        left = self.total - self.ran
+        return f"; {left} cell-round(s) left, about {left * self.spent / self.ran:.0f}s" if left > 0 else ""

@@ -292,7 +292,7 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
         desc = (
             f"- `{cell.row.name}` [{rec['status']}]: {p.get('device', '?')}, torch {p.get('torch', '?')}, "
             f"transformers {p.get('transformers', '?')}, commit {str(p.get('commit') or '?')[:10]}"
-            f"{' (dirty)' if p.get('dirty') else ''}, cap {p.get('device_memory_cap_gb') or 'none'} GB, "
+            f"{' (dirty)' if p.get('dirty') else ''}, cap {_cap(p.get('device_memory_cap_gb'))}, "
             f"threads {p.get('threads', '?')}, memory: {metrics_of(rec).get('memory_kind', '—')}, "
             f"rounds {rec.get('rounds', 1)}, finished {rec.get('finished', '?')}, run `{rec.get('key')}`"
         )
@@ -316,6 +316,10 @@ def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
         f"{why}. On an idle machine: `python -m suite run {exp.name} --profile {cells[0].profile} {again} --force`.",
         "",
     ]
+
+
+def _cap(gb: Any) -> str:
+    return f"{gb} GB" if gb else "none"
 
 
 def counted_breakdown(cells, records: list[Record | None]) -> list[str]:
