@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 from suite.config import paths
@@ -17,6 +18,7 @@ from suite.report import tables
 def sweep(req: SweepRequest, progress=print) -> list[Record]:
     """Run (or reuse) every cell `req` asks for, write its records, tables, figure and W&B runs; returns the records.
     Across nodes, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # as records stamp `finished`
     cells, records = run_cells(req, progress)
     if req.follower:
         return []  # node 0 writes the tables
@@ -30,9 +32,25 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
             + " ".join(f"--only {name}" for name in busy)
             + " --force"
         )
+    fresh = [r for r in records if r.get("sweep") and str(r.get("finished", "")) >= started]
+    if not fresh:  # nothing measured by this call: its table run would repeat the sweep's own
+        return records
     cols, rows = tables.table_rows(exp, cells, records)
+    prov = fresh[-1].get("provenance") or {}
+    config = {
+        "experiment": exp.name,
+        "title": exp.title,
+        "profile": cells[0].profile,
+        "machine": (fresh[-1].get("machine") or {}).get("slug"),
+        "sweep": fresh[-1]["sweep"],
+        "commit": prov.get("commit"),
+        "baseline": exp.baseline,
+        "rounds": req.rounds,
+        "base": exp.base(cells[0].profile),
+        "contended": [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})],
+    }
     try:
-        tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode)
+        tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode, config=config)
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records

@@ -101,6 +101,13 @@ def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
     assert back["config"]["machine"] == ok["machine"]["slug"] and back["config"]["sweep"] == ok["sweep"]
     assert back["config"]["commit"] == ok["provenance"]["commit"]
     assert back["config"]["contended"] == ok["metrics"]["contention"]["contended"]
+    # one table run for the sweep, with its config; a call that measures nothing adds none
+    tables = sorted((tmp_path / "wandb_dir").rglob(f"*run-*-table-runner-test-{ok['sweep']}"))
+    assert len(tables) == 1, tables
+    config = tracking.read_offline_run(str(tables[0]))["config"]
+    assert (config["machine"], config["sweep"], config["profile"]) == (ok["machine"]["slug"], ok["sweep"], "tiny")
+    sweep(SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="offline", rounds=1), lambda m: None)
+    assert len(list((tmp_path / "wandb_dir").rglob("*run-*-table-*"))) == 1
     assert back["summary"]["status"] == "ok"
     assert back["summary"]["throughput"] == pytest.approx(ok["metrics"]["throughput"])
 

@@ -1,10 +1,11 @@
-"""Weights & Biases tracking: one run per result cell, one table run per experiment."""
+"""Weights & Biases tracking: one run per result cell, one table run per sweep of an experiment."""
 
 from __future__ import annotations
 
 import json
 import netrc
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,17 @@ def installed() -> bool:
     return _wandb() is not None
 
 
-def _run(wandb, *, experiment: str, name: str, job_type: str, mode: str, dir: str | None, config: dict | None = None):
+def _run(
+    wandb,
+    *,
+    experiment: str,
+    name: str,
+    job_type: str,
+    mode: str,
+    dir: str | None,
+    config: dict | None = None,
+    run_id: str | None = None,
+):
     if dir is not None:
         os.makedirs(dir, exist_ok=True)
     # Everything optional is off: each cell run should cost well under a second, and the
@@ -93,6 +104,8 @@ def _run(wandb, *, experiment: str, name: str, job_type: str, mode: str, dir: st
         config=config,
         mode=mode,
         dir=dir,
+        id=run_id,
+        resume="allow" if run_id else None,
         reinit="finish_previous",
         settings=settings,
     )
@@ -163,13 +176,32 @@ def log_record(record: Record, mode: str) -> str | None:
 
 
 def log_table(
-    *, experiment: str, columns: list[str], rows: list[list], mode: str, dir: str | None = None
+    *,
+    experiment: str,
+    columns: list[str],
+    rows: list[list],
+    mode: str,
+    dir: str | None = None,
+    config: dict | None = None,
 ) -> str | None:
-    """Record an experiment's whole results table as one extra run; return its run directory."""
+    """Record an experiment's results table as one run per sweep (`config["sweep"]`: a resumed sweep's calls
+    resume the same run id) with the sweep's config (machine, commit, profile, the experiment's settings); return
+    its run directory."""
     mode = resolve_mode(mode)
     if mode == "off" or (wandb := _wandb()) is None:
         return None
-    run = _run(wandb, experiment=experiment, name=f"{experiment}/table", job_type="table", mode=mode, dir=dir)
+    sweep = (config or {}).get("sweep")
+    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"table-{experiment}-{sweep}") if sweep else None
+    run = _run(
+        wandb,
+        experiment=experiment,
+        name=f"{experiment}/table" + (f" {sweep}" if sweep else ""),
+        job_type="table",
+        mode=mode,
+        dir=dir,
+        config=config,
+        run_id=run_id,
+    )
     try:
         # Paper tables mix types in a column (a batch size or "NA"); W&B infers one type per column otherwise.
         table = wandb.Table(columns=list(columns), data=[list(r) for r in rows], allow_mixed_types=True)
