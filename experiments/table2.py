@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from experiments.l2l_common import bert_base, half
 from suite.core.experiment import Experiment, Metric, Row
-from suite.report.plots import ratio_bars
+from suite.report.plots import ratio_figures
 
 # Per-device batch: the paper's total batch of 256 is spread over 4 V100s, so one device sees 64
 # samples per step: the baseline as 32 accumulated micro-batches of 2, L2L as one micro-batch of 64
@@ -87,7 +87,7 @@ EXPERIMENT = Experiment(
     baseline="baseline-fp32",
     rows=rows,
     base=base,
-    figure=ratio_bars,
+    figure=ratio_figures,
     notes=(
         "The paper's throughput is for 4 GPUs and a total batch of 256; ours is one device running "
         "that device's share (batch/device). Absolute numbers from different hardware do not compare: "

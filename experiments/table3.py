@@ -8,6 +8,7 @@ from experiments.l2l_common import bert_base, half, l2l_row
 from suite.core.experiment import Experiment, Metric, Row
 from suite.records.schema import metrics_of
 from suite.report import plots
+from suite.report.tables import measured
 
 UBATCHES = (1, 2, 4)
 PAPER = {1: (52.48, 3.69), 2: (70.97, 3.89), 4: (84.91, 4.27)}  # #uBatches: (samples/s, GB)
@@ -69,21 +70,36 @@ def target_figure(exp, results_dir: Path) -> list[Path]:
 
 
 def _target_bars(secs):
-    """The target figure of `secs` (tables.sections): a bar per section at each #uBatches."""
-    fig, ax = plots.pyplot().subplots(figsize=(6, 3.6))
-    width = 0.8 / len(secs)
-    for k, (title, cells, records) in enumerate(secs):
-        got = {c.row.name: metrics_of(r).get("throughput") for c, r in zip(cells, records) if r and r["status"] == "ok"}
-        ratios = [
-            got[f"l2l-cmp-u{u}"] / got[f"amp-rc-u{u}"] if got.get(f"l2l-cmp-u{u}") and got.get(f"amp-rc-u{u}") else 0.0
-            for u in UBATCHES
-        ]
-        ax.bar([i + k * width for i in range(len(UBATCHES))], ratios, width, label=title)
+    """The target figure of `secs` (tables.sections): a bar per section with such a ratio at each #uBatches (a
+    partial row hatched), the target drawn, the legend under the axes."""
+    bars = []
+    for title, cells, records in secs:
+        got = {
+            c.row.name: (metrics_of(r).get("throughput"), plots.partial(r))
+            for c, r in zip(cells, records)
+            if r and measured(r["status"], oom=False)
+        }
+        ratios = []
+        for u in UBATCHES:
+            (l2l, p1), (amp, p2) = got.get(f"l2l-cmp-u{u}", (None, False)), got.get(f"amp-rc-u{u}", (None, False))
+            ratios.append((l2l / amp, p1 or p2) if l2l and amp else (None, False))
+        if any(v is not None for v, _ in ratios):
+            bars.append((plots.short(title), ratios))
+    if not bars:
+        return None
+    fig, ax = plots.pyplot().subplots(figsize=(plots.README_WIDTH_IN, 3.6))
+    width = 0.8 / len(bars)
+    for k, (label, ratios) in enumerate(bars):
+        for i, (value, part) in enumerate(ratios):
+            if value is not None:
+                style = plots.PARTIAL if part else {}
+                ax.bar(i + k * width, value, width, color=f"C{k}", edgecolor=f"C{k}", label=label, **style)
     ax.axhline(TARGET, color="C3", ls="--", lw=1, label=f"target {TARGET:.0%} (paper profile, GPU)")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(UBATCHES))], [f"{u} uBatch(es)" for u in UBATCHES])
-    ax.set_ylabel("L2L-CMP / AMP with recompute, same batch")
-    ax.legend(fontsize=7)
-    ax.set_title("Table 3: L2L-CMP against AMP recomputing per layer (whole model on the device)", fontsize=9)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(UBATCHES))], [f"{u} micro-batch(es)" for u in UBATCHES])
+    ax.set_ylabel("L2L-CMP / AMP-recompute", fontsize=9)
+    ax.set_title("Table 3: L2L-CMP against AMP recomputing per layer (whole model on the device)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    plots.legend_below(ax, any(part for _, ratios in bars for _, part in ratios))
     return fig
 
 

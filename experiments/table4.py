@@ -10,7 +10,7 @@ from experiments.l2l_common import bert_base, half, l2l_row, skipped
 from experiments.table3 import L2L_OPTIONS, UBATCHES
 from suite.core.cell import throughput_cell
 from suite.core.experiment import Experiment, Metric, Row
-from suite.report.plots import ratio_bars
+from suite.report.plots import ratio_figures
 
 PAPER = {1: {1: 14.57, 2: 18.6, 4: 22.07}, 4: {1: 52.48, 2: 70.97, 4: 84.91}}  # #GPUs: #uBatches: samples/s
 PAPER_N = 4
@@ -88,7 +88,7 @@ EXPERIMENT = Experiment(
     rows=rows,
     base=base,
     kind="all-ranks-throughput",
-    figure=ratio_bars,
+    figure=ratio_figures,
     notes=(
         "Throughput is over all ranks: the global minibatch (ranks x uBatch x #uBatches) over the median step "
         "time of rank 0, whose steps run in lockstep with the others'. Ratios to `1-rank-u1` show scaling and the "

@@ -9,6 +9,7 @@ from suite.config.run import PRESETS
 from suite.config.sizes import parse_size
 from suite.core.experiment import Experiment, Metric, Row
 from suite.report import plots
+from suite.report.tables import measured
 
 # The paper's depths and the smaller profiles', in the same proportions; rows are named by the
 # proportion (x1 ... x16) so that one name means one position at every profile.
@@ -97,44 +98,62 @@ def depth_figure(exp, results_dir: Path) -> list[Path]:
     return plots.figure_of_sections(exp, results_dir, "table5_memory_vs_depth", _depth_lines)
 
 
+def _points(name: str, sec) -> tuple[list, list, float | None, bool]:
+    """(depth, GB) measured or counted, depths out of memory, the cap in GB, and whether a point is partial."""
+    if sec is None:  # the paper's own values, OOM drawn at its 16 GB
+        pts = [(d, v) for (n, d), v in PAPER.items() if n == name]
+        return [(d, v, False) for d, v in pts if v != "OOM"], [d for d, v in pts if v == "OOM"], 16 * 2**30 / 1e9
+    ok, oom, cap = [], [], None
+    for cell, rec in zip(*sec):
+        if cell.run.device_memory:
+            cap = parse_size(cell.run.device_memory) / 1e9
+        if not cell.row.name.startswith(name + "-") or not rec:
+            continue
+        depth = cell.row.labels["#layers"]
+        if measured(rec["status"], oom=False) and isinstance(rec["metrics"].get("memory_gb"), (int, float)):
+            ok.append((depth, rec["metrics"]["memory_gb"], plots.partial(rec)))  # memory needs one round
+        elif rec["status"] == "oom":
+            oom.append(depth)
+    return sorted(ok), oom, cap
+
+
 def _depth_lines(secs):
-    """The depth figure of `secs` (tables.sections): the paper's panel, then one per section."""
-    panels = [("paper (V100-16GB, GB)", None)] + [(title, (cells, records)) for title, cells, records in secs]
-    fig, axes = plots.pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    for ax, (title, sec) in zip(axes[0], panels):
+    """The depth figure of `secs` (tables.sections): the paper's panel, then one per section with memory, two a
+    row; a partial record's point hollow; one legend under them all."""
+    drawn = [(plots.short(t), (c, r)) for t, c, r in secs if any(x and x["status"] != "not_implemented" for x in r)]
+    panels = [("the paper (V100-16GB)", None), *drawn]
+    cols, rows = 2, -(-(len(panels) + 0) // 2)
+    fig, axes = plots.pyplot().subplots(rows, cols, figsize=(plots.README_WIDTH_IN * 1.2, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    hollow = False
+    for ax, (title, sec) in zip(axes.flat, panels):
+        caps = [_points(name, sec)[2] for name, *_ in VARIANTS]
+        cap = next((c for c in caps if c is not None), None)
+        scale, unit = (1e3, "MB") if cap is not None and cap < 1 else (1.0, "GB")  # the tiny cap is MiB-sized
         for k, (name, _, _, label) in enumerate(VARIANTS):
+            ok, oom, _ = _points(name, sec)
             color = f"C{k}"
-            if sec is None:  # the paper's own values, OOM drawn at its 16 GB
-                pts = [(d, v) for (n, d), v in PAPER.items() if n == name]
-                ok = [(d, v) for d, v in pts if v != "OOM"]
-                oom = [d for d, v in pts if v == "OOM"]
-                cap_gb, scale = 16 * 2**30 / 1e9, 1.0
-            else:
-                cells, records = sec
-                ok, oom, cap_gb = [], [], None
-                for cell, rec in zip(cells, records):
-                    if not cell.row.name.startswith(name + "-") or not rec:
-                        continue
-                    depth = cell.row.labels["#layers"]
-                    if cell.run.device_memory:
-                        cap_gb = parse_size(cell.run.device_memory) / 1e9
-                    if rec["status"] == "ok":
-                        ok.append((depth, rec["metrics"]["memory_gb"]))
-                    elif rec["status"] == "oom":
-                        oom.append(depth)
-                scale = 1e3 if cap_gb is not None and cap_gb < 1 else 1.0  # MB for the tiny cap
-            ok.sort()
-            ax.plot([d for d, _ in ok], [v * scale for _, v in ok], "-o", color=color, ms=4, label=label.lower())
-            if oom and cap_gb is not None:
-                ax.plot(oom, [cap_gb * scale] * len(oom), "x", color=color, ms=10, mew=2, label=f"{label.lower()}: OOM")
-        if cap_gb is not None:
-            ax.axhline(cap_gb * scale, color="grey", ls="--", lw=0.8)
+            ax.plot([d for d, *_ in ok], [v * scale for _, v, _ in ok], "-", color=color, label=label.lower())
+            for d, v, part in ok:
+                ax.plot(d, v * scale, "o", ms=5, color=color, mfc="white" if part else color)
+                hollow = hollow or part
+            if oom and cap is not None:
+                ax.plot(oom, [cap * scale] * len(oom), "x", color=color, ms=9, mew=2)
+        if cap is not None:
+            ax.axhline(cap * scale, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("#layers")
-        ax.set_ylabel("device memory (MB)" if scale != 1.0 else "device memory (GB)")
-        ax.set_title(title, fontsize=8)
-        ax.legend(fontsize=6)
-    fig.suptitle("Table 5: device memory against depth (x = out of memory at the cap, dashed)", fontsize=9)
+        ax.set_xlabel("#layers", fontsize=8)
+        ax.set_ylabel(f"device memory ({unit})", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    handles = {}
+    for ax in axes.flat:
+        labels_handles = ax.get_legend_handles_labels()
+        handles.update(zip(labels_handles[1], labels_handles[0]))
+    notes = "x: out of memory at the cap (dashed)" + ("; hollow: a partial record" if hollow else "")
+    fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8)
+    fig.suptitle(f"Table 5: device memory against depth ({notes})", fontsize=10)
     return fig
 
 

@@ -19,11 +19,12 @@ def pyplot():
 
 
 def save(fig, results_dir, name: str, dpi: int = 120) -> Path:
-    """Lay `fig` out, write it as results_dir/figures/<name>.png at `dpi` and close it; returns the path."""
+    """Lay `fig` out, write it as results_dir/figures/<name>.png at `dpi` (trimmed to what is drawn, a legend
+    outside the axes included) and close it; returns the path."""
     fig.tight_layout()
     out = Path(results_dir) / "figures" / f"{name}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi)
+    fig.savefig(out, dpi=dpi, bbox_inches="tight")
     pyplot().close(fig)
     return out
 
@@ -59,31 +60,89 @@ def grid_and_legend(ax, fontsize: float) -> None:
         ax.legend(fontsize=fontsize)
 
 
-def ratio_bars(exp, results_dir: Path) -> list[Path]:
-    """Per metric, each row's ratio to the baseline row: ours (one bar per profile/device) beside the paper's."""
-    return figure_of_sections(exp, results_dir, exp.name, lambda secs: _ratio_bars(exp, secs))
+README_WIDTH_IN = 7.5  # inches at DPI: about 800 pixels, what a README shows without scaling
+DPI = 110
+PARTIAL = {"hatch": "///", "alpha": 0.55}  # how a row measured in fewer rounds than planned is drawn
 
 
-def _ratio_bars(exp, secs):
-    """The ratio bars of `secs` (tables.sections), a panel per metric."""
-    metrics = [m for m in exp.metrics if m.ratio]
-    fig, axes = pyplot().subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        names = [c.row.name for c in secs[0][1]]
-        series = []
-        for title, cells, records in secs:
-            cols, rows = tables.table_rows(exp, cells, records)
-            idx = cols.index(f"{metric.key} x{exp.baseline} ours")
-            series.append((f"ours: {title}", [r[idx] for r in rows]))
-        cols, rows = tables.table_rows(exp, secs[0][1], secs[0][2])
-        series.append(("paper", [r[cols.index(f"{metric.key} x{exp.baseline} paper")] for r in rows]))
-        width = 0.8 / len(series)
-        for k, (label, values) in enumerate(series):
-            xs = [i + k * width for i in range(len(names))]
-            ax.bar(xs, [v if v is not None else 0 for v in values], width, label=label)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=20)
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_ylabel(f"{metric.label} / {exp.baseline}")
-        ax.legend(fontsize=7)
-    fig.suptitle(exp.title, fontsize=10, wrap=True)
+def short(title: str) -> str:
+    """A section's title (tables.sections) as a legend label: `<machine> · <profile>`, `counted` where it is."""
+    m = re.match(r"(\w+) profile on (\S+) \((\w+) device\)(.*)", title)
+    if not m:
+        return title
+    profile, machine, _, rest = m.groups()
+    return f"{machine} · {profile}" + (" · counted" if "counted" in rest else "")
+
+
+def legend_below(ax, with_partial: bool = False) -> None:
+    """The legend under the axes, outside the data, one entry a label, with the hatching's meaning where a partial
+    row is drawn."""
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    if with_partial:
+        from matplotlib.patches import Patch
+
+        hatched = Patch(facecolor="white", edgecolor="grey", hatch=PARTIAL["hatch"])
+        seen["hatched: partial (fewer timing rounds than planned)"] = hatched
+    if seen:
+        ax.legend(
+            list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(0, -0.1), fontsize=8, frameon=False
+        )
+
+
+def partial(rec) -> bool:
+    return bool(rec) and str(rec.get("status", "")).startswith("partial")
+
+
+def ratio_figures(exp, results_dir: Path) -> list[Path]:
+    """One figure per ratio the table takes (`<experiment>_<metric>.png`): each row's ratio to the baseline row, a
+    bar per machine section that has such a ratio (partial rows hatched), the paper's ratio marked beside."""
+    secs = tables.sections(exp, Path(results_dir))
+    out = []
+    for metric in [m for m in exp.metrics if m.ratio]:
+        fig = _ratio_figure(exp, secs, metric)
+        if fig is not None:
+            out.append(save(fig, results_dir, f"{exp.name}_{metric.key}", DPI))
+    return out
+
+
+def _ratio_figure(exp, secs, metric):
+    key = f"{metric.key} x{exp.baseline}"
+    names: list[str] = []
+    series, paper = [], {}
+    for title, cells, records in secs:
+        cols, rows = tables.table_rows(exp, cells, records)
+        ours = {r[0]: (r[cols.index(f"{key} ours")], rec) for r, rec in zip(rows, records)}
+        for r in rows:
+            if r[0] not in names:
+                names.append(r[0])
+            if r[cols.index(f"{key} paper")] is not None:
+                paper.setdefault(r[0], r[cols.index(f"{key} paper")])
+        if any(v is not None for n, (v, _) in ours.items() if n != exp.baseline):
+            series.append((short(title), ours))
+    if not series:
+        return None
+    plt = pyplot()
+    height = 1.2 + 0.16 * len(names) * (len(series) + 1) + 0.22 * len(series)
+    fig, ax = plt.subplots(figsize=(README_WIDTH_IN, height))
+    width = 0.8 / len(series)
+    for k, (label, ours) in enumerate(series):
+        for i, name in enumerate(names):
+            value, rec = ours.get(name, (None, None))
+            if value is None:
+                continue
+            y = i + k * width
+            style = PARTIAL if partial(rec) else {}
+            ax.barh(y, value, width, color=f"C{k}", edgecolor=f"C{k}", **style, label=label)
+    ys = [i + 0.4 - width / 2 for i in range(len(names))]
+    marked = [(v, y) for name, y in zip(names, ys) if (v := paper.get(name)) is not None]
+    if marked:
+        ax.plot([v for v, _ in marked], [y for _, y in marked], "kD", ms=5, label="the paper")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(ys, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{metric.label} / {exp.baseline}", fontsize=9)
+    ax.set_title(f"{exp.title.split(':')[0]}: {metric.label} against {exp.baseline}", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    legend_below(ax, any(partial(rec) for _, ours in series for _, rec in ours.values()))
     return fig

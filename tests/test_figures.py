@@ -1,0 +1,36 @@
+"""Figures a reader can use: one per question, a bar per machine that has the rows, partial rows hatched and said
+so, the legend outside the data."""
+
+import shutil
+
+from suite.config import paths
+from suite.core.experiment import get_experiment
+from suite.report import plots, tables
+
+
+def test_one_figure_per_ratio_partial_rows_hatched_and_the_legend_below_the_data(tmp_path, monkeypatch):
+    shutil.copytree(paths.RESULTS_DIR / "runs", tmp_path / "runs")
+    exp = get_experiment("table2")
+    drawn = {}
+    real = plots.save
+
+    def keep(fig, results_dir, name, dpi=120):
+        drawn[name] = fig
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        drawn[name + ":below"] = legend.y1 <= axes.y0  # under the axes, not over the bars
+        drawn[name + ":labels"] = [t.get_text() for t in ax.get_legend().get_texts()]
+        drawn[name + ":hatched"] = any(p.get_hatch() for p in ax.patches)
+        return real(fig, results_dir, name, dpi)
+
+    monkeypatch.setattr(plots, "save", keep)
+    paths_written = plots.ratio_figures(exp, tmp_path)
+    assert sorted(p.name for p in paths_written) == ["table2_memory_gb.png", "table2_throughput.png"]
+    assert drawn["table2_throughput:below"] and drawn["table2_memory_gb:below"]
+    labels = drawn["table2_throughput:labels"]
+    assert "h100-79gb · paper" in labels and "the paper" in labels  # the H100's partial rows are drawn
+    assert drawn["table2_throughput:hatched"] and any(x.startswith("hatched: partial") for x in labels)
+    # a machine whose section has no ratio of this metric draws no bar (the counted section has no throughput)
+    assert not any(x.endswith("· counted") for x in labels)
+    assert any(t.endswith("counted") for t in (plots.short(s[0]) for s in tables.sections(exp, tmp_path)))
