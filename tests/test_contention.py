@@ -63,7 +63,9 @@ def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_p
     monkeypatch.setenv("SUITE_MACHINE", "m")
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
     said = []
-    req = SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1, overrides=["steps=40"])
+    req = SweepRequest(
+        exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1, overrides=["steps=40"], worker=True
+    )
     records = sweep(req, progress=said.append)
     assert all(r["metrics"]["contention"]["contended"] for r in records), [r["metrics"]["contention"] for r in records]
     assert _cell(tmp_path, "b", "status") == "ok, contended"

@@ -143,7 +143,10 @@ def test_a_count_past_the_cap_is_out_of_memory_and_rounding_only_adds():
     assert capped["counted"]["oom_device_bytes"] > 1_000_000
 
 
-@pytest.mark.parametrize("method", ["pipedream-flush", "pipedream-2bw"])
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param("pipedream-flush", marks=pytest.mark.slow), "pipedream-2bw"],  # flush: make test-slow
+)
 def test_each_pipeline_stage_counted_as_its_torchrun_rank_measures_it(method):
     """The real run: 2 gloo ranks under torchrun, each rank's resident bytes plus its tracked step peak.
 
@@ -254,6 +257,7 @@ def test_the_largest_count_search_finds_the_edge_from_any_guess():
     assert search(lambda n: True, 10, 3, most=40) == 40
 
 
+@pytest.mark.slow  # make test-slow (27 s of counts); the search itself is tested above, the counts below
 def test_figure9_counted_searches_the_largest_model_over_counts(tmp_path, monkeypatch):
     """2bw-fig9's projected rows under --measure count: the most blocks whose counted worst stage fits, the
     planner's guess beside it and every count the search made; one block more is out of memory."""

@@ -35,7 +35,15 @@ def _records(tmp_path):
     return {r["row"]: r for r in recs}
 
 
-@pytest.mark.parametrize("sig, extra", [(signal.SIGINT, []), (signal.SIGTERM, ["--worker"])], ids=["int", "term"])
+@pytest.mark.parametrize(
+    "sig, extra",
+    [
+        (signal.SIGINT, ["--worker"]),
+        pytest.param(signal.SIGINT, [], marks=pytest.mark.slow),  # a fresh process per cell: make test-slow
+        (signal.SIGTERM, ["--worker"]),
+    ],
+    ids=["int-worker", "int-fresh-processes", "term-worker"],
+)
 def test_an_interrupt_keeps_the_finished_rounds_and_the_same_command_resumes_the_sweep(tmp_path, sig, extra):
     code, out, err = _run(tmp_path, extra, stop_at="l2l-fp32 (l2l, tiny) round 2/2: running", sig=sig)
     assert code == 130, (out, err)

@@ -215,6 +215,7 @@ def test_fused_adamw_state_is_made_at_build():
     assert [t.data_ptr() for t in opt.state_tensors()] == before and step.item() == 1.0
 
 
+@pytest.mark.slow  # make test-slow: a whole native build (27 s); the default run loads the shared one
 def test_two_checkouts_of_one_source_share_one_build(tmp_path, monkeypatch):
     """The kernel is built from a copy named by the source's digest, so a clone beside a working tree builds nothing
     again (torch's build and ninja's rule name the source's path); an edited source is a new build."""

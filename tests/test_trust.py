@@ -131,13 +131,15 @@ def test_a_subset_rerun_measures_its_reference_again_and_rows_of_another_sweep_s
     exp = make_experiment(
         [Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7}), Row("c", "grad_accum", {"seed": 8})]
     )
-    first = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet)
+    # In the worker (one process, each shape built once): the sweeps' plans are what this test is about.
+    first = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=1, worker=True), quiet)
     assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # one sweep: a ratio
     second = sweep(
-        SweepRequest(exp, "tiny", ["b"], force=True, results_dir=tmp_path, wandb_mode="off", rounds=1), progress=quiet
+        SweepRequest(exp, "tiny", ["b"], force=True, results_dir=tmp_path, wandb_mode="off", rounds=1, worker=True),
+        progress=quiet,
     )
     a, b = second  # the reference row `a` joins the re-run, measured beside `b` in its new sweep
-    assert a["row"] == "a" and a["sweep"] == b["sweep"] != first[0]["sweep"] and a["finished"] > first[0]["finished"]
+    assert a["row"] == "a" and a["sweep"] == b["sweep"] != first[0]["sweep"]  # measured again, in the new sweep
     assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # so `b` carries its ratio
     assert "`c` came from other sweeps and show no ratio" in (tmp_path / "trust-test.md").read_text()
     assert _cell(tmp_path, "c", "memory_gb xa ours") == "—"
@@ -148,7 +150,9 @@ def test_a_subset_rerun_measures_its_reference_again_and_rows_of_another_sweep_s
     # a cell measured anew (its record lost or corrupt) takes its reference with it, finished or not
     store.run_path(tmp_path, first[2]["key"], "m").unlink()
     said = []
-    a2, c2 = sweep(SweepRequest(exp, "tiny", ["c"], results_dir=tmp_path, wandb_mode="off", rounds=1), said.append)
+    a2, c2 = sweep(
+        SweepRequest(exp, "tiny", ["c"], results_dir=tmp_path, wandb_mode="off", rounds=1, worker=True), said.append
+    )
     assert any("trust-test/a (grad_accum, tiny): measured again" in m for m in said), said
     assert a2["sweep"] == c2["sweep"] != a["sweep"] and _cell(tmp_path, "c", "memory_gb xa ours").endswith("x")
 

@@ -100,6 +100,7 @@ def test_data_parallel_peers_on_two_ranks_match_grad_accum():
 
 
 @needs_deepspeed
+@pytest.mark.slow  # make test-slow (36 s: DeepSpeed's CPU Adam op); the default run checks ZeRO-Offload's step
 def test_deepspeed_cpu_adam_is_torch_adamw_up_to_rounding():
     """DeepSpeed's own CPU Adam rounds differently from torch's AdamW (the update-relative check over 3 steps reads
     1.8e-5, past 1e-5), so the engine is checked with torch's AdamW and this kernel against torch's directly: one

@@ -88,6 +88,7 @@ def test_dist_clip_grad_norm_matches_grad_accum():
     _assert_passes(_check("pipedream-flush", 2, 2, False, ["--set", "clip_grad_norm=0.05"], m=8), 2)
 
 
+@pytest.mark.slow  # make test-slow: it waits out a timeout (15 s)
 def test_a_hung_rank_ends_the_run_with_a_timeout_error():
     started = time.monotonic()
     proc = _check("pipedream-flush", 2, 1, False, ["--set", "timeout=10", "--fault", "hang"])
