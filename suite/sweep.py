@@ -28,9 +28,7 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     if busy:  # never silent: one line naming them and the command that measures them again
         progress(
             f"contended (the machine was busy while they were timed; their ratios are not shown): "
-            f"{', '.join(busy)}; on an idle machine: python -m suite run {exp.name} --profile {cells[0].profile} "
-            + " ".join(f"--only {name}" for name in busy)
-            + " --force"
+            f"{', '.join(busy)}; on an idle machine: {tables.rerun_command(exp.name, cells[0].profile, busy)}"
         )
     fresh = [r for r in records if r.get("sweep") and str(r.get("finished", "")) >= started]
     if not fresh:  # nothing measured by this call: its table run would repeat the sweep's own

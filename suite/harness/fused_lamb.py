@@ -14,6 +14,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from suite.harness.processes import session_ticks
+
 SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
 # -march=native: the build is this CPU's (its name carries the CPU's flags, so a shared cache never hands one
 # machine another's code). fp-contract=off keeps the foreach LAMB's roundings; no-math-errno lets sqrt vectorise.
@@ -94,13 +96,10 @@ def _build_apart() -> None:
 def _kill_session(sid: int) -> None:
     """Kill every process of session `sid`: ninja puts each compiler in a process group of its own, so killing the
     build's group would leave them running; the session holds them all."""
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+    for pid in session_ticks(sid) or {}:
         try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            if name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[3]) == sid:
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, ValueError):
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile
             continue
     try:
         os.killpg(sid, signal.SIGKILL)  # where there is no /proc

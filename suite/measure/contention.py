@@ -21,6 +21,8 @@ import statistics
 import threading
 import time
 
+from suite.harness.processes import session_ticks
+
 SAMPLE_S = 0.05
 OTHERS_BOUND = 0.25
 STEAL_BOUND = 0.10
@@ -60,25 +62,6 @@ def _runnable() -> int | None:
     return None
 
 
-def _session_ticks(sid: int) -> dict[int, int] | None:
-    """CPU clock ticks (user + system) of every live process in session `sid`, by pid."""
-    if not os.path.isdir("/proc"):
-        return None
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        rest = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
-        if int(rest[3]) == sid:  # field 6, the session
-            out[int(name)] = int(rest[11]) + int(rest[12])  # fields 14 and 15: utime, stime
-    return out
-
-
 class Watch:
     """Samples the machine while a cell's timed steps run; `finish(step_times)` gives the record's `contention`."""
 
@@ -92,7 +75,7 @@ class Watch:
 
     def __enter__(self) -> Watch:
         self.load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        self.ticks, self.ours = _cpu_ticks(), _session_ticks(self.sid)
+        self.ticks, self.ours = _cpu_ticks(), session_ticks(self.sid)
         self.started = time.monotonic()
         self._thread.start()
         return self
@@ -101,7 +84,7 @@ class Watch:
         self._stop.set()
         self._thread.join()
         self.wall = time.monotonic() - self.started
-        self.ticks_end, self.ours_end = _cpu_ticks(), _session_ticks(self.sid)
+        self.ticks_end, self.ours_end = _cpu_ticks(), session_ticks(self.sid)
         self.load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
     def _sample(self) -> None:

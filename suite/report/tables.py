@@ -302,18 +302,22 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
     return "\n".join(md) + "\n", buf.getvalue()
 
 
+def rerun_command(experiment: str, profile: str, rows: list[str]) -> str:
+    """The command that measures `rows` again (with their reference row, suite.core.plan)."""
+    return f"python -m suite run {experiment} --profile {profile} " + " ".join(f"--only {r}" for r in rows) + " --force"
+
+
 def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
     """What `contended` means, why each such row is, and the command that measures them again."""
     busy = [(c, r) for c, r in zip(cells, records) if r and contended(metrics_of(r))]
     if not busy:
         return []
     why = "; ".join(f"`{c.row.name}`: {', '.join(metrics_of(r)['contention']['reasons'])}" for c, r in busy)
-    again = " ".join(f"--only {c.row.name}" for c, _ in busy)
     return [
         "`contended`: the machine was busy while the row was timed (suite/measure/contention.py states the bounds), "
         "so its rates may describe the machine, not the method; their ratios, and every rate's ratio to a "
         "contended baseline, are not shown (memory ratios are: load does not change what a step allocates). "
-        f"{why}. On an idle machine: `python -m suite run {exp.name} --profile {cells[0].profile} {again} --force`.",
+        f"{why}. On an idle machine: `{rerun_command(exp.name, cells[0].profile, [c.row.name for c, _ in busy])}`.",
         "",
     ]
 
