@@ -33,7 +33,7 @@ def _build_dir(env_root=None) -> str:
     try:
         if env_root:
             os.environ["TORCH_EXTENSIONS_DIR"] = env_root
-        return cpp_extension._get_build_directory(f"memtrain_lamb_{fused_lamb._cpu_tag()}_{digest}", False)
+        return cpp_extension._get_build_directory(fused_lamb.extension_name(digest), False)
     finally:
         if env_root:
             os.environ.pop("TORCH_EXTENSIONS_DIR")

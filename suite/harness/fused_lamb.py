@@ -53,6 +53,11 @@ def shared_source() -> tuple[Path, str]:
     return path, digest
 
 
+def extension_name(digest: str) -> str:
+    """The extension's name (and its build folder's): one per source digest and CPU."""
+    return f"memtrain_lamb_{_cpu_tag()}_{digest}"
+
+
 _why: list[str] = []  # why the build failed in this process, if it did
 _APART = "SUITE_FUSED_LAMB_BUILDING"  # set in the process that builds apart: it builds in place
 
@@ -135,7 +140,7 @@ def kernel():
 
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
         source, digest = shared_source()
-        name = f"memtrain_lamb_{_cpu_tag()}_{digest}"
+        name = extension_name(digest)
         build_dir = Path(cpp_extension._get_build_directory(name, False))
         if not (build_dir / f"{name}.so").exists() and not os.environ.get(_APART):
             _build_apart()  # what it could not build, the load below tries again and says why
