@@ -104,6 +104,10 @@ class Shipment:
                 copy_into(self.dst, self.src)
                 self._done = True
 
+    def landed(self) -> bool:
+        """Whether the host buffer holds the gradient now (waits for nothing; on CPU the copy is the waiter's)."""
+        return self.event.query() if self.lanes.cuda else True
+
     def host_wait(self) -> None:
         """Block until the host buffer holds the (summed) gradient."""
         if self.lanes.cuda:

@@ -85,6 +85,7 @@ class DeviceRelay:
                 )
         self.current: int | None = None
         self.uploads = 0
+        self.skipped_prefetches = 0  # prefetches that found their layer's update unfinished (loaded at use)
 
     @property
     def slots(self) -> list[Slot]:
@@ -113,6 +114,7 @@ class DeviceRelay:
             return slot
         update = self.ready(layer)
         if not wait and not update.done():
+            self.skipped_prefetches += 1
             return None
         update.result()
         lanes = self.lanes

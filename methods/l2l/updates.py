@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 
@@ -16,42 +19,106 @@ def _done() -> Future:
     return future
 
 
+def _run(future: Future, fn, args) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 — delivered by result(), as a pool's would be
+        future.set_exception(exc)
+
+
 class InLine:
     """An executor that runs each task at once, in the caller's thread: a counted step's host work, which the
     ledger (one thread's dispatch mode) must see."""
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn, *args, layer: int = -1, landed=None) -> Future:
         future: Future = Future()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 — delivered by result(), as a worker's would be
-            future.set_exception(exc)
+        _run(future, fn, args)
         return future
 
     def shutdown(self, wait: bool = True) -> None:
         pass
 
 
+class LayerQueue:
+    """One host thread that runs the step's host tasks, the lowest layer first among those whose gradient has
+    landed, else the oldest (which then waits for its gradient, the first to land: downloads run in order).
+
+    During the backward the tasks arrive head first, so this is their arrival order whenever the host keeps up;
+    when it falls behind, the layers the next forward needs first (the lowest) are updated first, and what is
+    left when the backward ends is the top of the model, which the next forward reaches last. Tasks without a
+    layer (the step's verdict) have layer -1: first among the ready ones.
+    """
+
+    def __init__(self, name: str = "l2l-host"):
+        self._cv = threading.Condition()
+        self._tasks: list[tuple[int, int, object, Future, object, tuple]] = []  # (layer, seq, landed, future, fn, args)
+        self._seq = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args, layer: int = -1, landed=None) -> Future:
+        """Queue fn(*args) for `layer`; `landed()` says whether its input has arrived (None: it has)."""
+        future: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the host queue has been shut down")
+            self._tasks.append((layer, next(self._seq), landed, future, fn, args))
+            self._cv.notify()
+        return future
+
+    def _pick(self):
+        ready = [t for t in self._tasks if t[2] is None or t[2]()]
+        task = min(ready, key=lambda t: (t[0], t[1])) if ready else min(self._tasks, key=lambda t: t[1])
+        self._tasks.remove(task)
+        return task
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._tasks and not self._closed:
+                    self._cv.wait()
+                if not self._tasks:
+                    return
+                _, _, _, future, fn, args = self._pick()
+            _run(future, fn, args)
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if wait:
+            self._thread.join()
+
+
 class HostUpdater:
-    """Runs each step's host work (landing, unscaling, norms, optimizer updates) on one worker thread.
+    """Runs each step's host work (landing, unscaling, norms, optimizer updates) on one host thread.
 
     overlap=off is the paper's Algorithm 2: once the backward has finished, every layer is
-    prepared, the step is checked and every layer updated. overlap=on updates layer l on the worker
+    prepared, the step is checked and every layer updated. overlap=on updates layer l on the host
     while the device computes the backward of layer l-1 (torch ops release the GIL).
 
     A global gate (fp16 overflow: one overflowing layer skips the whole step; clipping: the scale
     needs the norm over all layers) is only decided once the last gradient, the embeddings', has
-    arrived. Under a gate only the per-layer preparation overlaps the backward; the commits wait for
-    the decision and are then queued in forward order (embeddings first) without blocking step():
-    they overlap the next step's forward, whose upload of layer l waits for layer l's commit
-    (`ready[l]`). So a skipped step has no partial update to undo, and no weight or optimizer
-    state is touched before the decision; the price is that commits run beside the next forward
-    instead of beside this backward, and every layer's gradient waits on the host until then.
+    arrived. Under a gate each layer's preparation (widening, unscaling, its overflow flag, its
+    norms) still runs during the backward as its gradient lands, and once the verdict is known the
+    commits are queued in the order the next forward needs them (embeddings first) without
+    blocking step(): they run beside the next step's forward, whose upload of layer l starts as
+    soon as layer l's commit lands (`ready[l]`; the relay's host thread waits on that future, and a
+    prefetch that finds it unfinished is counted in `relay.skipped_prefetches`). No weight or
+    optimizer state is touched before the verdict, so a skipped step has nothing to undo.
 
-    The worker runs the host work whether or not it overlaps: one code path, and on CPU its
+    The host thread takes the lowest layer first among the tasks whose gradient has landed
+    (LayerQueue): when the host falls behind the device, ungated or gated, the layers the next
+    forward needs first are committed first, and the next forward starts while the top layers'
+    commits still run.
+
+    The host thread runs the host work whether or not it overlaps: one code path, and on CPU its
     temporaries stay out of the live-bytes tracker, which follows the thread running the device step. A counted
     step (fake tensors) runs it in line instead, so that its host temporaries are counted: one task at a time,
-    as on the one worker.
+    as on the one host thread.
     """
 
     def __init__(self, server, scaler, run, overlap: bool, invalidate):
@@ -60,7 +127,7 @@ class HostUpdater:
         self.clip = run.clip_grad_norm > 0
         self.gated = scaler.enabled or self.clip
         counted = is_fake(server.flat[0])
-        self.pool = InLine() if counted else ThreadPoolExecutor(max_workers=1, thread_name_prefix="l2l-host")
+        self.pool = InLine() if counted else LayerQueue()
         weakref.finalize(self, self.pool.shutdown, wait=False)
         n = server.num_layers
         self.ready: list[Future] = [_done()] * n  # per layer: its latest commit (uploads wait for it)
@@ -72,10 +139,14 @@ class HostUpdater:
         if not self.overlap:
             self.shipments[layer] = shipment
         elif self.gated:
-            self.prepared[layer] = self.pool.submit(self.server.prepare, layer, shipment, self.scaler, self.clip)
+            self.prepared[layer] = self.pool.submit(
+                self.server.prepare, layer, shipment, self.scaler, self.clip, layer=layer, landed=shipment.landed
+            )
         else:
             self.invalidate(layer)
-            self.ready[layer] = self.pool.submit(self._prepare_commit, layer, shipment, step)
+            self.ready[layer] = self.pool.submit(
+                self._prepare_commit, layer, shipment, step, layer=layer, landed=shipment.landed
+            )
 
     def _prepare_commit(self, layer: int, shipment, step: int) -> None:
         self.server.prepare(layer, shipment, self.scaler, False)
@@ -117,7 +188,7 @@ class HostUpdater:
             if not skipped:
                 for i in range(n):
                     self.invalidate(i)
-                    self.ready[i] = self.pool.submit(self.server.commit, i, step, coef)
+                    self.ready[i] = self.pool.submit(self.server.commit, i, step, coef, layer=i)
         self.scaler.update(skipped)
         return skipped
 

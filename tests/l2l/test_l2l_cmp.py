@@ -1,5 +1,6 @@
 """L2L-CMP: 16-bit device copies of FP32 host masters, checked against AMP; fp16 overflow skips the whole step."""
 
+import itertools
 import math
 
 import pytest
@@ -24,15 +25,16 @@ def tiny(precision="bf16", options=None, **kw) -> RunConfig:
     )
 
 
-@pytest.mark.parametrize("stash,overlap", [("gpu", "off"), ("cpu", "on")])
-def test_cmp_bf16_matches_amp(stash, overlap):
-    result = check(tiny("bf16", dict(stash=stash, overlap=overlap), num_micro_batches=4), "amp", steps=3)
-    assert result.passed, result.report(top=5)
-
-
-def test_cmp_fp16_with_loss_scaling_matches_amp():
-    # fp16 compute runs on this CPU in torch 2.13, so the loss-scaled path is exercised for real.
-    result = check(tiny("fp16", dict(overlap="on")), "amp", steps=3)
+@pytest.mark.parametrize(
+    "precision,clip,overlap,stash",
+    list(itertools.product(("bf16", "fp16"), (0.0, 0.05), ("off", "on"), ("gpu", "cpu"))),
+)
+def test_cmp_matches_amp(precision, clip, overlap, stash):
+    # Every schedule of the host update (Algorithm 2, overlapped ungated, overlapped behind the fp16 or clipping
+    # gate) with the stash on either side; fp16 compute runs on this CPU in torch 2.13, so the loss-scaled path
+    # is exercised for real, and a clipping norm of 0.05 clips every step of this model.
+    run = tiny(precision, dict(stash=stash, overlap=overlap), num_micro_batches=4, clip_grad_norm=clip)
+    result = check(run, "amp", steps=3)
     assert result.passed, result.report(top=5)
 
 

@@ -45,9 +45,9 @@ def test_l2l_matches_grad_accum(stash, num_micro_batches, overlap, optimizer):
         assert ours == pytest.approx(ref, rel=1e-6)
 
 
-@pytest.mark.parametrize("overlap", ["off", "on"])
-def test_global_norm_clipping_matches_grad_accum(overlap):
-    run = tiny(4, dict(stash="cpu", overlap=overlap), optimizer="adamw", clip_grad_norm=0.01)
+@pytest.mark.parametrize("overlap,stash", list(itertools.product(("off", "on"), ("gpu", "cpu"))))
+def test_global_norm_clipping_matches_grad_accum(overlap, stash):
+    run = tiny(4, dict(stash=stash, overlap=overlap), optimizer="adamw", clip_grad_norm=0.01)
     result = check(run, "grad_accum", steps=3)
     assert result.passed and result.worst[1] <= 1e-6, result.report(top=5)
 

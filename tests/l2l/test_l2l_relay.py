@@ -2,6 +2,7 @@
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -159,3 +160,64 @@ def test_batches_of_changing_length_match_grad_accum():
         <= 1e-6
     )
     assert all(buf.numel() == 2 * 16 * m.model.cfg.hidden for buf in m.stash.host.values())
+
+
+def _times_of_a_slow_host(m, delay: float = 0.05):
+    """Two steps with every commit slowed by `delay` s: (when each commit of step 0 ended, when step 1's forward
+    began on the device side), on one clock."""
+    commit, forward = m.server.commit, m.model.forward_layer
+    ends, starts = [], []
+
+    def slow_commit(layer, step, *args):
+        time.sleep(delay)
+        commit(layer, step, *args)
+        if step == 0:
+            ends.append(time.perf_counter())
+
+    def timed_forward(layer, *args, **kw):
+        if m.step_count == 1 and layer == 0 and not starts:
+            starts.append(time.perf_counter())
+        return forward(layer, *args, **kw)
+
+    m.server.commit, m.model.forward_layer = slow_commit, timed_forward
+    batches = synthetic_batches(m.run)
+    for _ in range(2):
+        m.step(next(batches))
+    m.state_dict()
+    return ends, starts[0]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(clip_grad_norm=1.0),
+        dict(method="l2l-cmp", precision="fp16"),
+        dict(method="l2l-cmp", precision="bf16"),
+    ],
+    ids=["ungated", "gated-clipping", "gated-fp16", "ungated-bf16"],
+)
+def test_next_forward_starts_before_the_last_commit_of_a_slow_host(kw):
+    # The host takes 50 ms per layer, far slower than this device's layers: the next forward waits only for the
+    # embeddings' commit, which the host takes first, not for the top layers' (ungated: those of the backward
+    # still queued when it ended; gated: all of them, queued once the verdict is known).
+    ends, start = _times_of_a_slow_host(_method(options=dict(overlap="on"), **kw))
+    assert len(ends) == BLOCKS + 2
+    assert start < max(ends), (start, ends)
+
+
+def test_a_slow_host_commits_the_embeddings_before_the_top_layers_left_queued():
+    m = _method(options=dict(overlap="on"))
+    order, commit = [], m.server.commit
+
+    def slow_commit(layer, step, *args):
+        time.sleep(0.05)
+        commit(layer, step, *args)
+        order.append(layer)
+
+    m.server.commit = slow_commit
+    m.step(next(synthetic_batches(m.run)))
+    m.state_dict()
+    # The head's update starts as its gradient lands; by its end every other gradient has landed, and the host
+    # takes them lowest first: the order the next forward needs them in.
+    assert order == [BLOCKS + 1, *range(BLOCKS + 1)]
