@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch
 
@@ -35,10 +36,9 @@ class Lanes:
     is None and every copy completes before the call returns, so the ordering is the program order.
     """
 
-    def __init__(self, device: torch.device, timing: bool = False):
+    def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.timing = timing
         self.h2d = torch.cuda.Stream(device) if self.cuda else None
         self.d2h = torch.cuda.Stream(device) if self.cuda else None
 
@@ -55,9 +55,22 @@ class Lanes:
         """An event marking the work queued so far on `stream` (default: compute); None on CPU."""
         if not self.cuda:
             return None
-        event = torch.cuda.Event(enable_timing=self.timing)
+        event = torch.cuda.Event()
         event.record(stream if stream is not None else self.compute)
         return event
+
+    def mark(self, stream=None):
+        """A point on the step's time base: a timing event recorded on `stream` (default: compute) on CUDA, the
+        host clock on CPU (where every copy and kernel has finished when its call returns)."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream if stream is not None else self.compute)
+        return event
+
+    def elapsed_ms(self, start, end) -> float:
+        """Milliseconds between two marks (CUDA: both events must have completed)."""
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
 
     def wait(self, event, stream=None) -> None:
         """Make `stream` (default: compute) wait for `event` without blocking the host."""
@@ -81,9 +94,9 @@ class Shipment:
     buffer) waits for the collective and copies, exactly once.
     """
 
-    def __init__(self, lanes: Lanes, src: torch.Tensor, dst: torch.Tensor, work=None):
+    def __init__(self, lanes: Lanes, src: torch.Tensor, dst: torch.Tensor, work=None, traced: bool = False):
         self.lanes, self.src, self.dst, self.work = lanes, src, dst, work
-        self.event = self.start = None
+        self.event = self.start = self.end = None  # start, end: marks of the copy when traced (CUDA)
         self._lock = threading.Lock()
         self._done = False
         if lanes.cuda:
@@ -92,9 +105,10 @@ class Shipment:
                 lanes.wait(produced, lanes.d2h)
                 if work is not None:
                     work.wait()  # NCCL: makes the current (copy) stream wait for the all-reduce
-                self.start = lanes.record(lanes.d2h) if lanes.timing else None
+                self.start = lanes.mark(lanes.d2h) if traced else None
                 copy_into(dst, src, non_blocking=True)
                 self.event = lanes.record(lanes.d2h)
+                self.end = lanes.mark(lanes.d2h) if traced else None
 
     def _complete(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from methods.l2l.lanes import Lanes
 from methods.l2l.param_server import HostParamServer
 from methods.l2l.relay import DeviceRelay, Stash
+from methods.l2l.timeline import breakdown
 from methods.l2l.updates import HostUpdater
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
@@ -63,8 +64,9 @@ class L2L(Method):
         pin = device.type == "cuda"
         self.server = HostParamServer(model, run, self.dtype, pin, impl=self.opts["host_optim"])
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
-        self.trace = trace
-        self.lanes = Lanes(device, timing=trace is not None)
+        # Every step is traced (marks cost microseconds): the spans of the last one, for timeline()
+        self.trace = trace if trace is not None else []
+        self.lanes = Lanes(device)
         self.updater = HostUpdater(
             self.server,
             self.scaler,
@@ -73,18 +75,19 @@ class L2L(Method):
             invalidate=lambda layer: self.relay.invalidate(layer),
         )
         self.relay = DeviceRelay(
-            model, self.server.wire, device, self.dtype, self.lanes, lambda layer: self.updater.ready[layer], trace
+            model, self.server.wire, device, self.dtype, self.lanes, lambda layer: self.updater.ready[layer], self.trace
         )
-        self.stash = Stash(self.lanes, device, self.opts["stash"] == "cpu", pin)
+        self.stash = Stash(self.lanes, device, self.opts["stash"] == "cpu", pin, self.trace)
         self.step_count = 0
+        self._marks = None  # (start, end) of the last step on the trace's time base
+        self._host = (0.0, 0.0, 0)  # prepare s, commit s, skipped prefetches as of the last timeline()
 
     @contextlib.contextmanager
     def _span(self, kind: str, layer: int):
-        """Compute-stream events around one layer's work, kept when tracing on CUDA (benchmarks, tests)."""
-        start = self.lanes.record() if self.trace is not None else None
+        """Marks around one layer's compute: events of the compute stream (CUDA) or the host clock (CPU)."""
+        start = self.lanes.mark()
         yield
-        if start is not None:
-            self.trace.append((kind, layer, start, self.lanes.record()))
+        self.trace.append((kind, layer, start, self.lanes.mark()))
 
     def _ship(self, layer: int, slot) -> None:
         self.relay.release(slot)
@@ -97,6 +100,8 @@ class L2L(Method):
         # Each rank holds its shard; dividing by the global minibatch makes the ranks' sum the
         # single-rank gradient.
         denom = batch.size * self.world
+        self.trace.clear()
+        start = self.lanes.mark()
         ctxs = [
             model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
             for mb in batch.split(self.run.num_micro_batches)
@@ -157,10 +162,33 @@ class L2L(Method):
             loss_sum.wait()
 
         skipped = self.updater.finish(self.step_count)
+        self._marks = (start, self.lanes.mark())
         self.step_count += 1
         return StepStats(
             loss=scalar(total), samples=batch.size, skipped=skipped, extra={"loss_scale": self.scaler.scale}
         )
+
+    def timeline(self) -> dict[str, float] | None:
+        """Where the last step's time went (methods.l2l.timeline.breakdown) on one time base, from its start to the
+        end of its compute: the device's compute, copies and waits (for an upload, a stash copy, the host), and the
+        host's preparing and committing since the previous call (commits of one step run into the next), with the
+        prefetches that found their layer's update unfinished. Call once the device has finished the step."""
+        if self._marks is None:
+            return None
+        lanes, (start, end) = self.lanes, self._marks
+        wall = lanes.elapsed_ms(start, end)
+        at = lambda mark: lanes.elapsed_ms(start, mark)  # noqa: E731
+        mine = [(kind, layer, at(a), at(b)) for kind, layer, a, b in self.trace]
+        server = self.server
+        now = (server.prepare_seconds, server.commit_seconds, self.relay.skipped_prefetches)
+        prepare, commit, skipped = (a - b for a, b in zip(now, self._host))
+        self._host = now
+        return {
+            **breakdown(mine, wall, (prepare + commit) * 1e3),
+            "host_prepare_ms": prepare * 1e3,
+            "host_commit_ms": commit * 1e3,
+            "skipped_prefetches": skipped,
+        }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.updater.drain()

@@ -54,7 +54,13 @@ class HostParamServer:
             self.landing.append(_host_buffer(numel, wire_dtype, pin) if cmp else grad)
         self.grads = [[p.grad for _, p in named] for named in self.named]
         self.opt = LayerwiseOptimizer(self.named, run, impl=impl, host=True)  # its state made now, beside the masters
-        self.busy_seconds = 0.0  # host time spent preparing and updating (not waiting for copies)
+        self.prepare_seconds = 0.0  # host time spent widening, unscaling and taking norms (not waiting for copies)
+        self.commit_seconds = 0.0  # host time spent in optimizer updates and refreshing the 16-bit copies
+
+    @property
+    def busy_seconds(self) -> float:
+        """Host time spent preparing and updating, so far."""
+        return self.prepare_seconds + self.commit_seconds
 
     @property
     def num_layers(self) -> int:
@@ -74,7 +80,7 @@ class HostParamServer:
         grads = self.grads[layer]
         found = scaler.unscale_(grads) if scaler.enabled else None
         norms = torch._foreach_norm(grads) if clip else None
-        self.busy_seconds += time.perf_counter() - t0
+        self.prepare_seconds += time.perf_counter() - t0
         return found, norms
 
     def commit(self, layer: int, step: int, clip_coef: torch.Tensor | None = None) -> None:
@@ -86,7 +92,7 @@ class HostParamServer:
         self.opt.step_layer(layer, step)
         if self.wire[layer] is not self.flat[layer]:
             self.wire[layer].copy_(self.flat[layer])
-        self.busy_seconds += time.perf_counter() - t0
+        self.commit_seconds += time.perf_counter() - t0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for named in self.named for n, p in named}

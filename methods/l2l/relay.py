@@ -120,11 +120,11 @@ class DeviceRelay:
         lanes = self.lanes
         with lanes.on(lanes.h2d):
             lanes.wait(slot.free, lanes.h2d)  # no kernel still reads the weights being overwritten
-            start = lanes.record(lanes.h2d) if self.trace is not None else None
+            start = lanes.mark(lanes.h2d) if self.trace is not None else None
             copy_into(slot.flat, self.wire[layer], non_blocking=True)
             slot.loaded = lanes.record(lanes.h2d)
-        if start is not None:
-            self.trace.append(("upload", layer, start, slot.loaded))
+            if start is not None:
+                self.trace.append(("upload", layer, start, lanes.mark(lanes.h2d)))
         slot.layer = layer
         self.uploads += 1
         return slot
@@ -155,9 +155,9 @@ class DeviceRelay:
         """Send the slot's accumulated gradient to host buffer `dst`, summed over ranks when `group` is set
         (the all-reduce of a layer runs while the device computes the next layer down)."""
         work = dist.all_reduce(slot.grad, group=group, async_op=True) if group is not None else None
-        slot.shipment = Shipment(self.lanes, slot.grad, dst, work)
-        if self.trace is not None and slot.shipment.start is not None:
-            self.trace.append(("download", layer, slot.shipment.start, slot.shipment.event))
+        slot.shipment = Shipment(self.lanes, slot.grad, dst, work, traced=self.trace is not None)
+        if slot.shipment.start is not None:  # CUDA; on CPU the copy is the host's work, done when it needs it
+            self.trace.append(("download", layer, slot.shipment.start, slot.shipment.end))
         return slot.shipment
 
     def invalidate(self, layer: int) -> None:
@@ -180,8 +180,8 @@ class Stash:
     overwrite it early.
     """
 
-    def __init__(self, lanes: Lanes, device: torch.device, offload: bool, pin: bool):
-        self.lanes, self.device, self.offload, self.pin = lanes, device, offload, pin
+    def __init__(self, lanes: Lanes, device: torch.device, offload: bool, pin: bool, trace: list | None = None):
+        self.lanes, self.device, self.offload, self.pin, self.trace = lanes, device, offload, pin, trace
         self.host: dict[tuple[int, int], torch.Tensor] = {}  # flat, as large as the largest input seen
         self.views: dict[tuple[int, int], torch.Tensor] = {}  # the part of it the current step uses
         self.downloaded: dict[tuple[int, int], object] = {}
@@ -199,9 +199,12 @@ class Stash:
         with lanes.on(lanes.d2h):
             lanes.wait(produced, lanes.d2h)
             lanes.wait(self.uploaded.pop(key, None), lanes.d2h)
+            start = lanes.mark(lanes.d2h) if self.trace is not None else None
             copy_into(buf, x, non_blocking=True)
             lanes.keep(x, lanes.d2h)
             self.downloaded[key] = lanes.record(lanes.d2h)
+            if start is not None:
+                self.trace.append(("stash-down", layer, start, lanes.mark(lanes.d2h)))
 
     def _buffer(self, key: tuple[int, int], x: torch.Tensor) -> torch.Tensor:
         """The host buffer for `key`, shaped like `x`: one flat pinned allocation per key, grown when a
@@ -227,8 +230,11 @@ class Stash:
             with lanes.on(lanes.h2d):
                 lanes.wait(self.downloaded.pop(key, None), lanes.h2d)
                 x = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)  # a real device copy, also on CPU
+                start = lanes.mark(lanes.h2d) if self.trace is not None else None
                 copy_into(x, buf, non_blocking=True)
                 event = self.uploaded[key] = lanes.record(lanes.h2d)
+                if start is not None:
+                    self.trace.append(("stash-up", layer, start, lanes.mark(lanes.h2d)))
             self.on_device[key] = (x, event)
 
     def take(self, layer: int, mb: int) -> torch.Tensor:

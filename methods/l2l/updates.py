@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import weakref
 from concurrent.futures import Future
 

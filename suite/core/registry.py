@@ -119,6 +119,11 @@ class Method(ABC):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """FP32 weights by Hugging Face name, on CPU, gathered."""
 
+    def timeline(self) -> dict[str, float] | None:
+        """Where the last step's time went, for a method that traces its steps (L2L: methods.l2l.timeline), called
+        by the measurement after each timed step once the device has finished it; None for the others."""
+        return None
+
     def resident_device_bytes(self) -> int:
         """Bytes this method keeps on the device between steps (added to the CPU live-bytes tracker)."""
         return 0

@@ -30,6 +30,7 @@ class Measurement:
     losses: list[float] = field(default_factory=list)
     skipped_steps: int = 0
     contention: dict = field(default_factory=dict)
+    timelines: list[dict] = field(default_factory=list)  # per timed step, from methods that trace their steps
 
     def summary(self) -> dict[str, float | int | str]:
         med = statistics.median(self.step_times)
@@ -50,7 +51,17 @@ class Measurement:
             "final_loss": self.losses[-1] if self.losses else float("nan"),
             "skipped_steps": self.skipped_steps,
             "contention": self.contention,
+            **timeline_summary(self.timelines),
         }
+
+
+def timeline_summary(timelines: list[dict]) -> dict:
+    """The timed steps' timelines as their medians, key by key (`timeline`), with the device's busy share beside
+    (`device_busy`, the median step's share of wall time in which the device computed); nothing without them."""
+    if not timelines:
+        return {}
+    med = {k: statistics.median(t[k] for t in timelines) for k in timelines[0]}
+    return {"timeline": {**med, "steps": len(timelines)}, "device_busy": med["device_busy"]}
 
 
 def measure(method, batches, warmup: int, steps: int, device: torch.device, cap: int | None = None) -> Measurement:
@@ -75,6 +86,8 @@ def measure(method, batches, warmup: int, steps: int, device: torch.device, cap:
             m.samples_per_step = stats.samples
             m.losses.append(stats.loss)
             m.skipped_steps += int(stats.skipped)
+            if (timeline := method.timeline()) is not None:
+                m.timelines.append(timeline)
     m.contention = watch.finish(m.step_times)
     if device.type == "cuda":
         m.device_memory_kind = "cuda peak allocated/reserved"

@@ -88,10 +88,11 @@ def _yes_no(x: Any) -> str:
     return "—" if x is None else ("yes" if x else "no")
 
 
-def columns(exp, flops: bool = False) -> list[Column]:
+def columns(exp, flops: bool = False, busy: bool = False) -> list[Column]:
     """The columns of one section: labels, status, sweep, then per metric ours (its rounds' spread when
-    timed in rounds; with `flops`, a CUDA section's achieved TFLOPS and MFU beside its throughput) / paper / ratio
-    to the baseline ours (whether within noise) / paper."""
+    timed in rounds; with `flops`, a CUDA section's achieved TFLOPS and MFU beside its throughput; with `busy`,
+    the share of a traced step in which the device computed) / paper / ratio to the baseline ours (whether within
+    noise) / paper."""
     cols = [Column("row", "row", _text), Column("method", "method", _text)]
     cols += [Column(c, c, _text) for c in exp.label_columns]
     cols += [Column("status", "status", _text), Column("sweep", "sweep", _text)]
@@ -103,6 +104,8 @@ def columns(exp, flops: bool = False) -> list[Column]:
             cols.append(Column(f"{m.label} spread", "spread", _text))
         if flops and m.key == "throughput":
             cols += [Column("TFLOPS", "TFLOPS", _shower("{:.1f}", "")), Column("MFU", "MFU", _percent)]
+        if busy and m.key == "throughput":
+            cols.append(Column("device busy", "device busy", _percent))
         if m.paper:
             cols.append(
                 Column(f"{m.label} paper" + (f" ({unit})" if unit else ""), f"{m.label} paper", _paper_shower(unit))
@@ -124,7 +127,12 @@ def has_flops(records: list[Record | None]) -> bool:
     return any("model_tflops" in metrics_of(r) for r in records)
 
 
-def _values(exp, cell, rec, base_rec, base_row, flops: bool = False) -> list[Any]:
+def has_busy(records: list[Record | None]) -> bool:
+    """Whether a section's records carry a traced step's timeline (L2L's, since #31): its device busy % shows."""
+    return any("device_busy" in metrics_of(r) for r in records)
+
+
+def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, busy: bool = False) -> list[Any]:
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
     metrics = metrics_of(rec)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
@@ -150,6 +158,8 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False) -> list[Any
                 metrics.get("model_tflops") if ours is not None else None,
                 metrics.get("mfu") if ours is not None else None,
             ]
+        if busy and m.key == "throughput":
+            line.append(metrics.get("device_busy") if ours is not None else None)
         if m.paper:
             line.append(paper)
         if m.ratio:
@@ -179,9 +189,9 @@ def table_rows(exp, cells, records: list[Record | None]) -> tuple[list[str], lis
     base_idx = next((i for i, c in enumerate(cells) if c.row.name == exp.baseline), None)
     base_rec = records[base_idx] if base_idx is not None else None
     base_row = cells[base_idx].row if base_idx is not None else None
-    flops = has_flops(records)
-    rows = [_values(exp, cell, rec, base_rec, base_row, flops) for cell, rec in zip(cells, records)]
-    return [c.name for c in columns(exp, flops)], rows
+    flops, busy = has_flops(records), has_busy(records)
+    rows = [_values(exp, cell, rec, base_rec, base_row, flops, busy) for cell, rec in zip(cells, records)]
+    return [c.name for c in columns(exp, flops, busy)], rows
 
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit|Expired)\b.*")
@@ -228,7 +238,7 @@ def _machine_line(records) -> str:
 
 def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, str]:
     """Markdown and CSV text of one section of an experiment's table, with its machine, notes and provenance."""
-    cols = columns(exp, has_flops(records))
+    cols = columns(exp, has_flops(records), has_busy(records))
     _, rows = table_rows(exp, cells, records)
     buf = io.StringIO()
     csv.writer(buf).writerows([[c.name for c in cols], *[[("" if v is None else v) for v in r] for r in rows]])
@@ -265,6 +275,14 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
             "TFLOPS: the model's training FLOPs per sample (three forwards' matmuls; a recompute's extra forward not "
             "counted: that is the record's `hardware_tflops`) times the throughput, as `suite/measure/flops.py` "
             f"states it. MFU: TFLOPS over the dense peak of {'; '.join(peaks) or 'the device'}.",
+            "",
+        ]
+    if has_busy(records):
+        md += [
+            "Device busy: the share of the median timed step's wall time in which the device computed, from the "
+            "step's own trace (CUDA events; on a CPU the host clock); each record's `timeline` splits the rest into "
+            "waits for an upload, a stash copy or the host, with the host's prepare and commit time and the "
+            "prefetches that found their layer's update unfinished (methods/l2l/timeline.py).",
             "",
         ]
     if any(r and str(r.get("status", "")).startswith("partial") for r in records):
