@@ -218,6 +218,7 @@ EXPERIMENTS = Catalogue(
             ("2bw-fig8", "fig8_2bw"),
             ("2bw-fig9", "fig9_2bw"),
             ("planner-check", "planner_check"),
+            ("l2l-projection", "l2l_projection"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
             ("bench-l2l-host-step", "benchmarks.l2l_host_step"),

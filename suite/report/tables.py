@@ -132,7 +132,7 @@ def has_busy(records: list[Record | None]) -> bool:
     return any("device_busy" in metrics_of(r) for r in records)
 
 
-def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, busy: bool = False) -> list[Any]:
+def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False) -> list[Any]:
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
     metrics = metrics_of(rec)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
@@ -158,7 +158,7 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, busy: bool 
                 metrics.get("model_tflops") if ours is not None else None,
                 metrics.get("mfu") if ours is not None else None,
             ]
-        if busy and m.key == "throughput":
+        if device_busy and m.key == "throughput":
             line.append(metrics.get("device_busy") if ours is not None else None)
         if m.paper:
             line.append(paper)

@@ -78,3 +78,19 @@ def test_measurement_and_table_carry_the_device_busy_share():
     plain = build_method(RunConfig(method="grad_accum", device="cpu", model=ModelConfig(layers=2)).validate())
     assert "device_busy" not in measure(plain, synthetic_batches(plain.run), 0, 1, torch.device("cpu")).summary()
     assert tables.has_busy([None, {"metrics": summary}]) and not tables.has_busy([{"metrics": {"throughput": 1.0}}])
+
+
+def test_the_device_busy_column_holds_each_rows_share():
+    from suite.core.experiment import get_experiment
+
+    exp = get_experiment("table2")
+    cells = exp.cells("tiny", None, None, None)
+    records = [
+        {"status": "ok", "sweep": "s", "metrics": {"throughput": 10.0 + i, "device_busy": 0.5 + i / 100}}
+        for i in range(len(cells))
+    ]
+    names, rows = tables.table_rows(exp, cells, records)
+    assert len(names) == len(rows[0])
+    at = names.index("device busy")
+    assert [r[at] for r in rows] == [0.5 + i / 100 for i in range(len(cells))]
+    assert [r[at - 2] for r in rows] == [10.0 + i for i in range(len(cells))]  # beside its throughput and spread

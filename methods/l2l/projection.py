@@ -1,0 +1,312 @@
+"""L2L's step projected on any GPU and host: the relay's schedule replayed with stated costs, nothing trained.
+
+A step is replayed on four resources as methods/l2l/method.py and updates.py issue it: the device's compute
+stream, its host-to-device and device-to-host copy engines (each first in, first out), and the one host thread
+that prepares and commits each layer's update (the lowest landed layer first). Each layer's forward runs its u
+micro-batches at once; its backward recomputes them first (3x the forward's FLOPs in all); the two block slots
+alternate, so an upload into a slot waits for the compute that last read it, and a slot's next gradient waits
+for the download of the one before. The host's updates start when their gradient lands (overlap on, ungated),
+once every layer's overflow flag and norm is in (overlap on, behind the fp16 or clipping gate), or after the
+whole backward with the device's host thread waiting (overlap off, the paper's Algorithm 2); an upload waits
+for its layer's commit of the step before. Between steps the measurement synchronises the device, as the suite's
+timed steps do. Several steps are replayed and the last one's span is the step time (the steady state).
+
+Costs, each stated where it is used (DEVICES; and the row's reference beside each projected figure):
+- compute: a block's FLOPs per sample (suite.measure.flops.block_flops) at the device's achieved rate for the
+  precision (an assumption or this suite's measurement, named in the spec); embeddings and a classification
+  head are taken as free (their FLOPs are under 1% of a block's);
+- copies: bytes over the link's effective bandwidth per direction, the weights at the wire's precision;
+- host: the update's ns per parameter (preparing: widening, unscaling and norms; committing: the optimizer and
+  the 16-bit copy), at the host's thread count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from suite.measure.flops import block_flops
+
+BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A GPU, its link to the host and the host's update speed, each figure with where it comes from."""
+
+    name: str
+    tflops: dict[str, float]  # achieved at the relay's micro-batches, by precision
+    h2d_gbps: float  # effective, pinned host memory, per direction
+    d2h_gbps: float
+    prepare_ns: float  # host ns per parameter: widen, unscale, norms
+    commit_ns: dict[str, float]  # host ns per parameter of the update (with the 16-bit copy under CMP), by host_optim
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+# The devices a projection knows. "Assumed" figures are round numbers with their reason; the rest are measured
+# or published. The host's commit ns/param: `foreach` is the suite's LAMB before #29 (the kernel of the
+# h100-79gb records), `fused` the suite's fused LAMB (results/bench-host-optim.md), `paper` the L2L paper's
+# host optimizer (PyTorch LAMB on a 2019-20 server, per-tensor ops).
+DEVICES = {
+    "v100": DeviceSpec(
+        "V100-16GB, PCIe Gen3 x16 (the L2L paper's machine)",
+        tflops={"fp16": 36.0, "fp32": 12.0},
+        h2d_gbps=11.0,
+        d2h_gbps=11.0,
+        prepare_ns=1.0,
+        commit_ns={"paper": 5.0, "foreach": 3.0, "fused": 1.0},
+        sources={
+            "tflops": "assumed: fp16 29% of the V100's 125 TFLOPS tensor peak (BERT-Large kernels of 2019-20, "
+            "micro-batch 64 x 512), fp32 76% of its 15.7 TFLOPS",
+            "link": "assumed: PCIe Gen3 x16, 11 GB/s effective of 15.75 per direction",
+            "host": "assumed: 5 ns/param for the paper's per-tensor PyTorch LAMB (the suite's foreach LAMB, "
+            "3.0-3.8 ns/param on cpu-epyc, taken 1.5x slower on a 2019 host); prepare 1 ns/param",
+        },
+    ),
+    "h100": DeviceSpec(
+        "H100 80GB HBM3 SXM, PCIe Gen5 x16 (h100-79gb)",
+        tflops={"fp16": 130.0, "bf16": 130.0, "fp32": 40.0},
+        h2d_gbps=50.0,
+        d2h_gbps=50.0,
+        prepare_ns=0.5,
+        commit_ns={"foreach": 2.5, "fused": 0.5},
+        sources={
+            "tflops": "measured, this harness (h100-79gb, 2026-11-23): fp16 (and bf16, taken equal) from Table 3's "
+            "AMP recomputing per layer (0.66 s per micro-batch of 64 x 512, recompute counted: 130 TFLOPS); fp32 "
+            "assumed 60% of the 66.9 TFLOPS FP32 peak (the FP32 baseline at micro-batch 2 reached 32%)",
+            "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction",
+            "host": "assumed: foreach LAMB 2.5 ns/param on its 16 cores (not measured there: the records predate "
+            "the host benchmark, which the next campaign runs); fused 0.5 (cpu-epyc's 0.79 at 2 threads, taken "
+            "faster on 16); prepare 0.5",
+        },
+    ),
+    "a100": DeviceSpec(
+        "A100 80GB SXM, PCIe Gen4 x16",
+        tflops={"fp16": 130.0 * 312 / 989, "bf16": 130.0 * 312 / 989, "fp32": 0.6 * 19.5},
+        h2d_gbps=25.0,
+        d2h_gbps=25.0,
+        prepare_ns=0.5,
+        commit_ns={"foreach": 2.5, "fused": 0.5},
+        sources={
+            "tflops": "projected: the H100's measured fp16 utilisation (13%) of the A100's 312 TFLOPS; fp32 60% "
+            "of 19.5",
+            "link": "assumed: PCIe Gen4 x16, 25 GB/s effective of 31.5 per direction",
+            "host": "assumed: the H100 host's figures",
+        },
+    ),
+    "gh200": DeviceSpec(
+        "GH200 (H100 96GB + Grace, NVLink-C2C)",
+        tflops={"fp16": 130.0, "bf16": 130.0, "fp32": 40.0},
+        h2d_gbps=350.0,
+        d2h_gbps=350.0,
+        prepare_ns=0.5,
+        commit_ns={"foreach": 2.5, "fused": 0.5},
+        sources={
+            "tflops": "projected: the H100's measured rates (same GPU)",
+            "link": "assumed: NVLink-C2C, 350 GB/s effective of 450 per direction",
+            "host": "assumed: the H100 host's figures (Grace's 72 cores and LPDDR5X would be faster: not measured)",
+        },
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Relay:
+    """What one L2L step moves and computes: per layer (embeddings, blocks, head) its parameters and forward
+    seconds per micro-batch, and what the run chose."""
+
+    params: list[int]
+    forward_s: list[float]  # one micro-batch's forward of each layer
+    stash_bytes: float  # one micro-batch's block input, at the compute precision
+    wire_bytes: int  # per parameter, each way
+    u: int  # micro-batches through each layer (the inner loop)
+    samples: int  # per step: u micro-batches
+    stash: str  # "gpu" or "cpu"
+    overlap: bool
+    gated: bool  # fp16 loss scaling or clipping: commits wait for every layer's verdict
+    prepare_s: list[float]
+    commit_s: list[float]
+    h2d: float  # bytes/s
+    d2h: float
+
+
+def relay_of(run, spec: DeviceSpec, host_optim: str = "fused") -> Relay:
+    """The Relay of an L2L run (a RunConfig of `l2l` or `l2l-cmp`) on `spec`."""
+    m = run.model.resolved()
+    b, s, h = run.micro_batch_size, run.seq_len, m.hidden
+    i = m.intermediate
+    block = 4 * h * h + 2 * h * i + 9 * h + i  # attention (q, k, v, out), feed-forward, two LayerNorms, biases
+    embed = (m.vocab_size + m.max_seq + 2) * h + 2 * h  # words, positions, two token types, LayerNorm
+    head = h * h + h + (h + 1) * max(m.num_labels, 1)  # pooler and classifier
+    params = [embed, *[block] * m.layers, head]
+    rate = spec.tflops[run.precision] * 1e12
+    forward = [0.0, *[b * block_flops(s, h, i) / rate] * m.layers, 0.0]
+    nbytes = BYTES[run.precision]
+    opts = {"stash": "gpu", "overlap": "off", **run.options}
+    return Relay(
+        params=params,
+        forward_s=forward,
+        stash_bytes=b * s * h * nbytes,
+        wire_bytes=nbytes,
+        u=run.num_micro_batches,
+        samples=run.batch_size,
+        stash=opts["stash"],
+        overlap=opts["overlap"] == "on",
+        gated=run.precision == "fp16" or run.clip_grad_norm > 0,
+        prepare_s=[p * spec.prepare_ns * 1e-9 for p in params],
+        commit_s=[p * spec.commit_ns[host_optim] * 1e-9 for p in params],
+        h2d=spec.h2d_gbps * 1e9,
+        d2h=spec.d2h_gbps * 1e9,
+    )
+
+
+@dataclass
+class Projection:
+    step_s: float
+    samples: int
+    busy: float  # the device's compute share of the step
+    compute_s: float  # per step: the device's compute,
+    h2d_s: float  # its uploads (weights and stash),
+    d2h_s: float  # its downloads (gradients and stash),
+    host_s: float  # and the host thread's updates
+    bound: str  # the resource busiest over the step: "compute", "upload", "download" or "host"
+
+    @property
+    def throughput(self) -> float:
+        return self.samples / self.step_s
+
+
+def project(r: Relay, steps: int = 4) -> Projection:
+    """Replay `steps` steps of the relay; the last one's span is the step time."""
+    n, head = len(r.params), len(r.params) - 1
+    f = r.forward_s
+    commit_end = [0.0] * n  # when each layer's latest commit ends
+    start, step = 0.0, 0.0
+
+    def slot(layer):
+        return "embed" if layer == 0 else "head" if layer == head else layer % 2
+
+    for _ in range(steps):
+        t = {"dev": start, "h2d": start, "d2h": start}
+        read, shipped, down, up, loaded = {}, {}, {}, {}, {}
+
+        def upload(layer, issued):  # into the layer's slot, once the compute reading it has finished
+            t["h2d"] = max(issued, t["h2d"], read.get(slot(layer), start)) + r.params[layer] * r.wire_bytes / r.h2d
+            loaded[layer] = t["h2d"]
+
+        def compute(layer, ready, seconds, backward):  # a backward first waits for the slot's last gradient copy
+            t["dev"] = max(t["dev"], ready, shipped.get(slot(layer), start) if backward else start) + seconds
+            read[slot(layer)] = t["dev"]
+            return t["dev"]
+
+        # Forward: every micro-batch through a layer; the next layer uploads once its last commit has landed (a
+        # prefetch that finds it unfinished leaves the upload to the layer's use, where the host thread waits).
+        main = max(start, commit_end[0])
+        upload(0, main)
+        for layer in range(head):
+            nxt = layer + 1
+            if commit_end[nxt] <= main:
+                upload(nxt, main)
+            end = compute(layer, loaded[layer], r.u * f[layer], False)
+            if r.stash == "cpu" and nxt < head:  # each micro-batch's output goes down as it is made
+                for k in range(r.u):
+                    t["d2h"] = max(t["d2h"], end - (r.u - 1 - k) * f[layer]) + r.stash_bytes / r.d2h
+                down[nxt] = t["d2h"]
+            if nxt not in loaded:
+                main = max(main, commit_end[nxt])
+                upload(nxt, main)
+        # The head's forward and backward at once, then the blocks down to the embeddings, each recomputed from its
+        # stash (brought back one layer ahead); the two blocks the forward left in the slots need no upload.
+        in_slot = {head, head - 1, head - 2}
+        landed = [0.0] * n
+        for layer in range(head, -1, -1):
+            below = layer - 1
+            if below >= 0 and below not in in_slot:
+                upload(below, start)  # this step's weights: nothing to wait for on the host
+            if r.stash == "cpu" and 1 <= below < head:
+                t["h2d"] = max(t["h2d"], down[below]) + r.u * r.stash_bytes / r.h2d
+                up[below] = t["h2d"]
+            end = compute(layer, max(loaded[layer], up.get(layer, start)), r.u * 3 * f[layer], True)
+            t["d2h"] = max(t["d2h"], end) + r.params[layer] * r.wire_bytes / r.d2h
+            landed[layer] = shipped[slot(layer)] = t["d2h"]
+        device_end = max(t.values())
+        # The host thread: prepare and commit every layer, after the backward (off), behind the verdict (gated),
+        # or as gradients land, the lowest landed first (ungated).
+        host = max(commit_end)
+        if not r.overlap:  # Algorithm 2: prepare 0..n-1 (the first waits for the last gradient), then commit
+            host = max(host, max(landed)) + sum(r.prepare_s)
+            for layer in range(n):
+                host += r.commit_s[layer]
+                commit_end[layer] = host
+            main = host  # the device's host thread waits for it all
+        elif r.gated:
+            for layer in sorted(range(n), key=lambda i: landed[i]):
+                host = max(host, landed[layer]) + r.prepare_s[layer]
+            main = max(t["dev"], host)  # the verdict, then the loss read
+            for layer in range(n):  # in the order the next forward needs them
+                host += r.commit_s[layer]
+                commit_end[layer] = host
+        else:
+            todo = set(range(n))
+            while todo:
+                ready = [i for i in todo if landed[i] <= host]
+                layer = min(ready) if ready else min(todo, key=lambda i: landed[i])
+                host = max(host, landed[layer]) + r.prepare_s[layer] + r.commit_s[layer]
+                commit_end[layer] = host
+                todo.remove(layer)
+            main = t["dev"]  # the loss read
+        nxt_start = max(main, device_end)  # the measurement synchronises the device between steps
+        step, start = nxt_start - start, nxt_start
+    compute_s = 4 * r.u * sum(f)
+    weights = sum(r.params) * r.wire_bytes
+    stash = (head - 1) * r.u * r.stash_bytes if r.stash == "cpu" else 0.0
+    h2d_s = (2 * weights - sum(r.params[head - 2 : head + 1]) * r.wire_bytes + stash) / r.h2d
+    d2h_s = (weights + stash) / r.d2h
+    host_s = sum(r.prepare_s) + sum(r.commit_s)
+    busiest = {"compute": compute_s, "upload": h2d_s, "download": d2h_s, "host": host_s}
+    return Projection(step, r.samples, compute_s / step, compute_s, h2d_s, d2h_s, host_s, max(busiest, key=busiest.get))
+
+
+def _reference(ref: dict) -> tuple[float | None, str]:
+    """The figure a projected row is held to: a published one, or the throughput of a committed record of a machine
+    (its median over the rounds it has)."""
+    if ref.get("source") == "paper":
+        return ref["value"], ref["what"]
+    from suite.config.paths import RESULTS_DIR
+    from suite.records.store import all_records, machine_of
+
+    for rec in all_records(Path(RESULTS_DIR)):
+        if (
+            machine_of(rec).startswith(ref["machine"])
+            and (rec["experiment"], rec["row"], rec.get("profile")) == (ref["experiment"], ref["row"], "paper")
+            and isinstance((rec.get("metrics") or {}).get("throughput"), (int, float))
+        ):
+            return rec["metrics"]["throughput"], f"{ref['machine']} record {ref['experiment']}/{ref['row']}"
+    return None, f"no {ref['machine']} record of {ref['experiment']}/{ref['row']}"
+
+
+def projected_cell(run, device, cap) -> dict:
+    """The `l2l-projected` cell kind: the run's step replayed on run.options["projection"]["device"] (a DEVICES
+    name) with its host optimizer, times its GPUs (the paper's 4-GPU rows: its Table 4 shows near-linear scaling),
+    held to its reference (a published figure, or a machine's record), with the error beside."""
+    p = run.options["projection"]
+    spec = DEVICES[p["device"]]
+    out = project(relay_of(run, spec, p.get("host_optim", "fused")))
+    gpus = p.get("gpus", 1)
+    ref, what = _reference(p["reference"]) if p.get("reference") else (None, "none: a projection only")
+    throughput = gpus * out.throughput
+    return {
+        "throughput": throughput,
+        "step_time": out.step_s,
+        "busy_projected": out.busy,
+        "bound": out.bound,
+        "compute_s": out.compute_s,
+        "h2d_s": out.h2d_s,
+        "d2h_s": out.d2h_s,
+        "host_s": out.host_s,
+        "reference": ref,
+        "reference_of": what,
+        "error": (throughput - ref) / ref if ref else None,
+        "device_spec": spec.name,
+        "assumptions": spec.sources,
+    }

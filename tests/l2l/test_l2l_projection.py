@@ -1,0 +1,68 @@
+"""The L2L projection: the relay's schedule replayed with stated costs behaves as the relay does."""
+
+import dataclasses
+
+import pytest
+
+from methods.l2l.projection import DEVICES, project, projected_cell, relay_of
+from suite.config.run import ModelConfig, RunConfig
+
+
+def _run(u=1, precision="fp16", layers=24, **options):
+    return RunConfig(
+        method="l2l" if precision == "fp32" else "l2l-cmp",
+        precision=precision,
+        model=ModelConfig(preset="bert-large", layers=layers),
+        seq_len=512,
+        micro_batch_size=64,
+        num_micro_batches=u,
+        options={"overlap": "on", "stash": "cpu", **options},
+    )
+
+
+def test_a_fast_host_and_link_leave_the_device_computing():
+    p = project(relay_of(_run(4), DEVICES["gh200"], "fused"))
+    assert p.bound == "compute" and p.busy > 0.95
+    assert p.step_s == pytest.approx(p.compute_s, rel=0.05)
+
+
+def test_the_inner_loop_amortises_a_slow_host():
+    runs = [project(relay_of(_run(u), DEVICES["h100"], "foreach")) for u in (1, 2, 4)]
+    assert runs[0].bound == "host" and [r.busy for r in runs] == sorted(r.busy for r in runs)
+    assert runs[2].throughput > 1.5 * runs[0].throughput
+
+
+def test_schedules_order_as_the_relay_does():
+    spec = DEVICES["h100"]
+    off = project(relay_of(_run(1, overlap="off"), spec, "foreach"))
+    gated = project(relay_of(_run(1), spec, "foreach"))  # fp16: behind the verdict
+    ungated = project(relay_of(_run(1, precision="bf16"), spec, "foreach"))
+    assert off.step_s > gated.step_s >= ungated.step_s
+    # Algorithm 2 leaves the device idle for the whole host update after the backward
+    assert off.step_s == pytest.approx(off.compute_s + off.host_s, rel=0.05)
+
+
+def test_a_slow_link_shows_as_upload_bound():
+    slow = dataclasses.replace(DEVICES["h100"], h2d_gbps=0.5, d2h_gbps=0.5)
+    p = project(relay_of(_run(1, precision="bf16"), slow, "fused"))
+    assert p.bound in ("upload", "download") and p.busy < 0.5
+
+
+def test_the_cell_holds_a_row_to_its_reference():
+    run = dataclasses.replace(
+        _run(1, overlap="off"),
+        options={
+            "overlap": "off",
+            "stash": "cpu",
+            "projection": {
+                "device": "v100",
+                "host_optim": "paper",
+                "gpus": 4,
+                "reference": {"source": "paper", "value": 52.48, "what": "Table 2"},
+            },
+        },
+    )
+    m = projected_cell(run, None, None)
+    assert m["error"] == pytest.approx((m["throughput"] - 52.48) / 52.48)
+    assert m["throughput"] == pytest.approx(4 * 64 / m["step_time"])
+    assert set(m["assumptions"]) == {"tflops", "link", "host"}
