@@ -3,10 +3,8 @@ GH200 (methods/l2l/projection.py), each row held to the figure it can be: the pa
 
 from __future__ import annotations
 
-import dataclasses
-
 from methods.l2l.projection import DEVICES
-from suite.core.experiment import Experiment, Metric, Row
+from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
 
 BERT_LARGE = {"model.preset": "bert-large", "seq_len": 512, "optimizer": "lamb", "lr": 1e-4}
 # The paper's L2L: Algorithm 2 (the host updates after the backward), micro-batches of 64; its Table 3 keeps the
@@ -15,11 +13,6 @@ PAPER_L2L = {"overlap": "off", "stash": "cpu"}
 # The paper's throughputs (samples/s): Table 4's single V100, Tables 2 and 3 over 4.
 PAPER_1GPU = {1: 14.57, 2: 18.6, 4: 22.07}
 PAPER_4GPU = {("cmp", 1): 52.48, ("cmp", 2): 70.97, ("cmp", 4): 84.91, ("fp32", 1): 22.5}
-
-
-@dataclasses.dataclass
-class ProjectedRow(Row):
-    projection: dict = dataclasses.field(default_factory=dict)
 
 
 def _row(name, device, precision, u, options, layers=24, host_optim="fused", gpus=1, reference=None, **labels):
@@ -95,23 +88,17 @@ def rows(profile: str) -> list[Row]:
     # table had it). Table 3's intercept chose the host's ns/param; Tables 2 and 5 are then checked.
     gated_fifo = {"overlap": "on", "stash": "cpu"}
     out += [
-        _row(
-            "h100-t2-l2l-fp32",
-            "h100",
-            "fp32",
-            1,
-            {"overlap": "off", "stash": "gpu"},
-            host_optim="foreach",
-            reference=_record("table2", "l2l-fp32"),
-        ),
-        _row(
-            "h100-t2-l2l-cmp",
-            "h100",
-            "fp16",
-            1,
-            {"overlap": "off", "stash": "gpu"},
-            host_optim="foreach",
-            reference=_record("table2", "l2l-cmp"),
+        *(
+            _row(
+                f"h100-t2-{row}",
+                "h100",
+                precision,
+                1,
+                {"overlap": "off", "stash": "gpu"},
+                host_optim="foreach",
+                reference=_record("table2", row),
+            )
+            for row, precision in (("l2l-fp32", "fp32"), ("l2l-cmp", "fp16"))
         ),
         *(
             _row(
@@ -149,20 +136,11 @@ def rows(profile: str) -> list[Row]:
     return out
 
 
-@dataclasses.dataclass
-class ProjectionExperiment(Experiment):
-    """Its rows run as `l2l-projected` cells: the projection joins the run's options after validation."""
-
-    def adapt(self, cell, profile):
-        run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
-        return dataclasses.replace(cell, run=run, kind="l2l-projected", timeout=120.0)
-
-
 def base(profile: str) -> dict:
     return dict(BERT_LARGE)
 
 
-EXPERIMENT = ProjectionExperiment(
+EXPERIMENT = ProjectingExperiment(
     name="l2l-projection",
     title="L2L projected: the relay's step on a V100, an H100, an A100 and a GH200 (BERT-Large, projected)",
     source="methods/l2l/projection.py; the L2L paper's Tables 2-4 (4x and 1x V100-16GB) and the h100-79gb records",
@@ -181,6 +159,7 @@ EXPERIMENT = ProjectionExperiment(
     rows=rows,
     base=base,
     rounds=1,
+    projected_kind="l2l-projected",
     notes=(
         "Projected, nothing measured: each row replays the relay's step (methods/l2l/projection.py) with the "
         "device's stated costs; `error` is the projection against its reference, the paper's figure or the "

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from suite.core.experiment import Experiment, Row
+from suite.core.experiment import ProjectedRow, Row
+from suite.core.experiment import ProjectingExperiment as FigureExperiment  # noqa: F401 — the figures' experiment
 from suite.records.schema import metrics_of
 from suite.report import plots
 
@@ -48,27 +46,6 @@ ASSUMPTIONS = (
     "they show shapes, not the paper's absolute numbers; memory there is the CPU live-bytes "
     "tracker's worst rank. "
 )
-
-
-@dataclass
-class ProjectedRow(Row):
-    """A row predicted by the planner: `projection` goes into the cell's options (see projection.project)."""
-
-    projection: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class FigureExperiment(Experiment):
-    """Measured rows run as throughput cells; projected rows as `projected` cells carrying their projection.
-
-    The projection goes in after validation, as table7's task does: `apply_overrides` takes only the method's
-    declared options."""
-
-    def adapt(self, cell, profile):
-        if not isinstance(cell.row, ProjectedRow):
-            return cell
-        run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
-        return dataclasses.replace(cell, run=run, kind="projected", timeout=120.0)
 
 
 def base(profile: str) -> dict:

@@ -22,6 +22,7 @@ Costs, each stated where it is used (DEVICES; and the row's reference beside eac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,25 @@ class DeviceSpec:
     sources: dict[str, str] = field(default_factory=dict)
 
 
+# The H100 of this suite's records; the A100 and GH200 below are it with another GPU or link.
+H100 = DeviceSpec(
+    "H100 80GB HBM3 SXM, PCIe Gen5 x16 (h100-79gb)",
+    tflops={"fp16": 130.0, "bf16": 130.0, "fp32": 40.0},
+    h2d_gbps=50.0,
+    d2h_gbps=50.0,
+    prepare_ns=0.5,
+    commit_ns={"foreach": 2.5, "fused": 0.5},
+    sources={
+        "tflops": "measured, this harness (h100-79gb, 2026-11-23): fp16 (and bf16, taken equal) from Table 3's "
+        "AMP recomputing per layer (0.66 s per micro-batch of 64 x 512, recompute counted: 130 TFLOPS); fp32 "
+        "assumed 60% of the 66.9 TFLOPS FP32 peak (the FP32 baseline at micro-batch 2 reached 32%)",
+        "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction",
+        "host": "assumed: foreach LAMB 2.5 ns/param on its 16 cores (not measured there: the records predate "
+        "the host benchmark, which the next campaign runs); fused 0.5 (cpu-epyc's 0.79 at 2 threads, taken "
+        "faster on 16); prepare 0.5",
+    },
+)
+
 # The devices a projection knows. "Assumed" figures are round numbers with their reason; the rest are measured
 # or published. The host's commit ns/param: `foreach` is the suite's LAMB before #29 (the kernel of the
 # h100-79gb records), `fused` the suite's fused LAMB (results/bench-host-optim.md), `paper` the L2L paper's
@@ -63,30 +83,13 @@ DEVICES = {
             "3.0-3.8 ns/param on cpu-epyc, taken 1.5x slower on a 2019 host); prepare 1 ns/param",
         },
     ),
-    "h100": DeviceSpec(
-        "H100 80GB HBM3 SXM, PCIe Gen5 x16 (h100-79gb)",
-        tflops={"fp16": 130.0, "bf16": 130.0, "fp32": 40.0},
-        h2d_gbps=50.0,
-        d2h_gbps=50.0,
-        prepare_ns=0.5,
-        commit_ns={"foreach": 2.5, "fused": 0.5},
-        sources={
-            "tflops": "measured, this harness (h100-79gb, 2026-11-23): fp16 (and bf16, taken equal) from Table 3's "
-            "AMP recomputing per layer (0.66 s per micro-batch of 64 x 512, recompute counted: 130 TFLOPS); fp32 "
-            "assumed 60% of the 66.9 TFLOPS FP32 peak (the FP32 baseline at micro-batch 2 reached 32%)",
-            "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction",
-            "host": "assumed: foreach LAMB 2.5 ns/param on its 16 cores (not measured there: the records predate "
-            "the host benchmark, which the next campaign runs); fused 0.5 (cpu-epyc's 0.79 at 2 threads, taken "
-            "faster on 16); prepare 0.5",
-        },
-    ),
-    "a100": DeviceSpec(
-        "A100 80GB SXM, PCIe Gen4 x16",
+    "h100": H100,
+    "a100": dataclasses.replace(
+        H100,
+        name="A100 80GB SXM, PCIe Gen4 x16",
         tflops={"fp16": 130.0 * 312 / 989, "bf16": 130.0 * 312 / 989, "fp32": 0.6 * 19.5},
         h2d_gbps=25.0,
         d2h_gbps=25.0,
-        prepare_ns=0.5,
-        commit_ns={"foreach": 2.5, "fused": 0.5},
         sources={
             "tflops": "projected: the H100's measured fp16 utilisation (13%) of the A100's 312 TFLOPS; fp32 60% "
             "of 19.5",
@@ -94,13 +97,11 @@ DEVICES = {
             "host": "assumed: the H100 host's figures",
         },
     ),
-    "gh200": DeviceSpec(
-        "GH200 (H100 96GB + Grace, NVLink-C2C)",
-        tflops={"fp16": 130.0, "bf16": 130.0, "fp32": 40.0},
+    "gh200": dataclasses.replace(
+        H100,
+        name="GH200 (H100 96GB + Grace, NVLink-C2C)",
         h2d_gbps=350.0,
         d2h_gbps=350.0,
-        prepare_ns=0.5,
-        commit_ns={"foreach": 2.5, "fused": 0.5},
         sources={
             "tflops": "projected: the H100's measured rates (same GPU)",
             "link": "assumed: NVLink-C2C, 350 GB/s effective of 450 per direction",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -186,6 +187,30 @@ class Experiment:
         """Hook for what a cell needs beyond its validated run: options no method declares (a GLUE task, a
         pre-training corpus, a projection), which `apply_overrides` would refuse, or another cell kind."""
         return cell
+
+
+@dataclass
+class ProjectedRow(Row):
+    """A row predicted, not run: `projection` says what to project and joins the cell's options."""
+
+    projection: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProjectingExperiment(Experiment):
+    """Measured rows run as the experiment's kind; ProjectedRows as `projected_kind` cells carrying their projection
+    (the 2BW planner's `projected`, L2L's `l2l-projected`).
+
+    The projection goes in after validation, as table7's task does: `apply_overrides` takes only the method's
+    declared options."""
+
+    projected_kind: str = "projected"
+
+    def adapt(self, cell, profile):
+        if not isinstance(cell.row, ProjectedRow):
+            return cell
+        run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
+        return dataclasses.replace(cell, run=run, kind=self.projected_kind, timeout=120.0)
 
 
 def _key(pair: str) -> str:
