@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -48,48 +48,35 @@ class LayerQueue:
     when it falls behind, the layers the next forward needs first (the lowest) are updated first, and what is
     left when the backward ends is the top of the model, which the next forward reaches last. Tasks without a
     layer (the step's verdict) have layer -1: first among the ready ones.
+
+    The thread is a one-worker ThreadPoolExecutor's (joined when the interpreter exits, as every executor's is):
+    each submit queues the task and one turn of the worker, and each turn runs the best task queued then.
     """
 
     def __init__(self, name: str = "l2l-host"):
-        self._cv = threading.Condition()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._lock = threading.Lock()
         self._tasks: list[tuple[int, int, object, Future, object, tuple]] = []  # (layer, seq, landed, future, fn, args)
         self._seq = itertools.count()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
 
     def submit(self, fn, *args, layer: int = -1, landed=None) -> Future:
         """Queue fn(*args) for `layer`; `landed()` says whether its input has arrived (None: it has)."""
         future: Future = Future()
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("the host queue has been shut down")
+        with self._lock:
             self._tasks.append((layer, next(self._seq), landed, future, fn, args))
-            self._cv.notify()
+        self._pool.submit(self._turn)
         return future
 
-    def _pick(self):
-        ready = [t for t in self._tasks if t[2] is None or t[2]()]
-        task = min(ready, key=lambda t: (t[0], t[1])) if ready else min(self._tasks, key=lambda t: t[1])
-        self._tasks.remove(task)
-        return task
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._tasks and not self._closed:
-                    self._cv.wait()
-                if not self._tasks:
-                    return
-                _, _, _, future, fn, args = self._pick()
-            _run(future, fn, args)
+    def _turn(self) -> None:
+        with self._lock:
+            ready = [t for t in self._tasks if t[2] is None or t[2]()]
+            task = min(ready, key=lambda t: (t[0], t[1])) if ready else min(self._tasks, key=lambda t: t[1])
+            self._tasks.remove(task)
+        _, _, _, future, fn, args = task
+        _run(future, fn, args)
 
     def shutdown(self, wait: bool = True) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        if wait:
-            self._thread.join()
+        self._pool.shutdown(wait=wait)
 
 
 class HostUpdater:
