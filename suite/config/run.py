@@ -15,8 +15,12 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("lamb", "adamw")
 SCHEDULES = ("constant", "linear")
 DEVICES = ("auto", "cpu", "cuda")
-FAMILIES = ("bert", "bert-mlm", "gpt2")  # suite.harness.families.FAMILIES holds their implementations
+FAMILIES = ("bert", "bert-mlm", "gpt2", "llama")  # suite.harness.families.FAMILIES holds their implementations
 POOLINGS = ("cls", "mean")  # what BERT's pooler reads (ModelConfig.pooling)
+
+LLAMA = dict(family="llama", vocab_size=128256, dropout=0.0, attention_dropout=0.0)
+# What a preset with a family sets whenever the config leaves it at its default.
+FAMILY_DEFAULTS = ("family", "dropout", "attention_dropout")
 
 # Model presets. `bert-large` is exactly the L2L paper's Table 1.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -26,6 +30,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-medium": dict(layers=24, hidden=1024, intermediate=4096, heads=16, max_seq=1024, vocab_size=50257),
     "tiny": dict(layers=4, hidden=64, intermediate=256, heads=4, max_seq=128, vocab_size=1024),
     "tiny-wide": dict(layers=4, hidden=128, intermediate=512, heads=4, max_seq=128, vocab_size=1024),
+    # Llama-style decoders at their published shapes (a preset with a family sets it, and no dropout): Llama 3.2 1B
+    # and 3B, Llama 3 8B and 70B; untied embeddings and 128256 tokens throughout. `llama-tiny` is for tests: grouped
+    # queries (4 heads over 2 key-value heads) as the real ones.
+    "llama-tiny": dict(LLAMA, layers=4, hidden=64, intermediate=160, heads=4, kv_heads=2, max_seq=128, vocab_size=1024),
+    "llama-1b": dict(LLAMA, layers=16, hidden=2048, intermediate=8192, heads=32, kv_heads=8, max_seq=131072),
+    "llama-3b": dict(LLAMA, layers=28, hidden=3072, intermediate=8192, heads=24, kv_heads=8, max_seq=131072),
+    "llama-8b": dict(LLAMA, layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, max_seq=8192),
+    "llama-70b": dict(LLAMA, layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8, max_seq=8192),
 }
 
 
@@ -39,6 +51,7 @@ class ModelConfig:
     hidden: int | None = None
     intermediate: int | None = None
     heads: int | None = None
+    kv_heads: int | None = None  # grouped-query attention's key-value heads (llama); None: as many as heads
     max_seq: int | None = None
     vocab_size: int | None = None
     num_labels: int = 2
@@ -58,9 +71,25 @@ class ModelConfig:
                 f"model.preset={self.preset!r} is not one of {sorted(PRESETS)}{did_you_mean(self.preset, PRESETS)}"
             )
         base = PRESETS[self.preset]
-        out = dataclasses.replace(self, **{k: v for k, v in base.items() if getattr(self, k) is None})
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        out = dataclasses.replace(
+            self,
+            **{
+                k: v
+                for k, v in base.items()
+                if getattr(self, k) is None or (k in FAMILY_DEFAULTS and getattr(self, k) == defaults[k])
+            },
+        )
+        if "family" in base and out.family != base["family"]:
+            raise ConfigError(
+                f"model.preset={self.preset!r} is a {base['family']} model, not model.family={out.family!r}"
+            )
         if out.hidden % out.heads:
             raise ConfigError(f"model.hidden={out.hidden} must be a multiple of model.heads={out.heads}")
+        if out.kv_heads is not None and (out.kv_heads < 1 or out.heads % out.kv_heads):
+            raise ConfigError(f"model.heads={out.heads} must be a multiple of model.kv_heads={out.kv_heads}")
+        if out.kv_heads is not None and out.family != "llama":
+            raise ConfigError(f"model.kv_heads applies to model.family='llama' only, not {out.family!r}")
         for k in ("layers", "hidden", "intermediate", "heads", "max_seq", "vocab_size", "num_labels"):
             if getattr(out, k) < 1:
                 raise ConfigError(f"model.{k} must be >= 1, got {getattr(out, k)}")
@@ -136,6 +165,11 @@ class RunConfig:
         d = dataclasses.asdict(self)
         if d["model"]["pooling"] == "cls":  # the default stays out, so cells keyed before it existed keep their keys
             del d["model"]["pooling"]
+        if d["model"]["kv_heads"] is None:  # likewise
+            del d["model"]["kv_heads"]
+        if "family" in PRESETS.get(self.model.preset, {}):  # what the preset sets, as it resolves
+            m = self.model.resolved()
+            d["model"].update({k: getattr(m, k) for k in FAMILY_DEFAULTS})
         return d
 
     @staticmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
@@ -51,6 +51,7 @@ class LayerContext:
     mb: MicroBatch
     denom: int
     logits: torch.Tensor | None = None
+    scratch: dict = field(default_factory=dict)  # what a family computes once per micro-batch (Llama's cos, sin)
 
 
 class LayeredModel(nn.Module):

@@ -6,6 +6,10 @@ For L blocks of hidden size H and feed-forward size I over a sequence of S token
     8 S H^2  (the Q, K, V and output projections)  +  4 S H I  (the two feed-forward matmuls)
     + 4 S^2 H  (Q K^T and the probabilities times V, over all heads)
 
+A Llama block's grouped-query attention projects keys and values to K = kv_heads x head size (4 S H^2 + 4 S H K in
+place of 8 S H^2), and its SwiGLU feed-forward has three matmuls (6 S H I); the attention term counts every query
+against every key, as for the other models (a causal kernel that skips the masked half does less).
+
 and the head adds 2 H^2 + 2 H C per sequence (pooler and classifier: `classify`), 2 S H V for the vocabulary
 projection of a language model (`clm`), or 2 S H^2 + 2 S H V (`mlm`: BERT's transform, then the vocabulary).
 Training is three forwards' worth (the backward multiplies twice per forward matmul): the model FLOPs MFU is
@@ -26,9 +30,10 @@ PEAKS: list[tuple[str, dict[str, float]]] = [
 ]
 
 
-def block_flops(seq: int, hidden: int, intermediate: int) -> float:
-    """Forward FLOPs of one transformer block over one sequence."""
-    return 8 * seq * hidden**2 + 4 * seq * hidden * intermediate + 4 * seq**2 * hidden
+def block_flops(seq: int, hidden: int, intermediate: int, kv: int | None = None, ffn_matmuls: int = 2) -> float:
+    """Forward FLOPs of one transformer block over one sequence (kv: the key-value width under grouped queries)."""
+    kv = hidden if kv is None else kv
+    return 4 * seq * hidden * (hidden + kv) + 2 * ffn_matmuls * seq * hidden * intermediate + 4 * seq**2 * hidden
 
 
 def head_flops(objective: str, seq: int, hidden: int, vocab: int, labels: int) -> float:
@@ -45,10 +50,10 @@ def per_sample(run) -> dict[str, float]:
     from suite.harness.families import FAMILIES
 
     m = run.model.resolved()
-    block = block_flops(run.seq_len, m.hidden, m.intermediate)
-    forward = m.layers * block + head_flops(
-        FAMILIES[m.family].objective, run.seq_len, m.hidden, m.vocab_size, m.num_labels
-    )
+    family = FAMILIES[m.family]
+    kv = m.kv_heads * (m.hidden // m.heads) if m.kv_heads else None
+    block = block_flops(run.seq_len, m.hidden, m.intermediate, kv, getattr(family, "ffn_matmuls", 2))
+    forward = m.layers * block + head_flops(family.objective, run.seq_len, m.hidden, m.vocab_size, m.num_labels)
     recompute = str(run.options.get("recompute", "off")).lower() in ("on", "true")
     return {
         "flops_per_sample": 3 * forward,

@@ -45,9 +45,10 @@ class PretrainOptions:
 
 
 def objective_of(run: RunConfig) -> str:
-    objective = FAMILIES[run.model.family].objective
+    family = run.model.resolved().family
+    objective = FAMILIES[family].objective
     if objective not in ("mlm", "clm"):
-        raise ConfigError(f"pre-training needs a language-model family (bert-mlm, gpt2), not {run.model.family!r}")
+        raise ConfigError(f"pre-training needs a language-model family (bert-mlm, gpt2, llama), not {family!r}")
     return objective
 
 

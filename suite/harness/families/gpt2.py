@@ -8,6 +8,16 @@ from torch import nn
 from suite.harness.families.lm import lm_loss
 
 
+def causal_mask(mb) -> torch.Tensor:
+    """Boolean (B, 1, S, S) causal and padding mask, True = attend; always built, because the keyed dropout path
+    applies only the mask it is given (SDPA would add causality by itself without one)."""
+    s = mb.input_ids.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=mb.input_ids.device).tril()
+    if mb.attention_mask is None:
+        return causal[None, None].expand(mb.size, 1, s, s)
+    return causal[None, None] & mb.attention_mask.bool()[:, None, None, :]
+
+
 class GPT2Embed(nn.Module):
     """Token and position embeddings and their dropout (GPT2Model's forward up to the first block)."""
 
@@ -72,13 +82,7 @@ class GPT2Family:
         return [GPT2Embed(hf), *hf.transformer.h, GPT2Head(hf)]
 
     def mask(self, mb) -> torch.Tensor:
-        """Boolean (B, 1, S, S) causal and padding mask, True = attend; always built, because the keyed
-        dropout path applies only the mask it is given (SDPA would add causality by itself without one)."""
-        s = mb.input_ids.shape[1]
-        causal = torch.ones(s, s, dtype=torch.bool, device=mb.input_ids.device).tril()
-        if mb.attention_mask is None:
-            return causal[None, None].expand(mb.size, 1, s, s)
-        return causal[None, None] & mb.attention_mask.bool()[:, None, None, :]
+        return causal_mask(mb)
 
     def embed(self, module, ctx) -> torch.Tensor:
         return module(ctx.mb.input_ids)

@@ -1,0 +1,144 @@
+"""The Llama family: the layered view is Hugging Face's LlamaForCausalLM (rotary positions, grouped-query
+attention, causal and padding mask), and every method and peer computes what grad_accum computes on it."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from methods.pipeline.executors.torchrun import torchrun
+from suite.config.errors import ConfigError
+from suite.config.paths import ROOT
+from suite.config.run import ModelConfig, RunConfig
+from suite.core.check import check
+from suite.harness.data import synthetic_batches
+from suite.harness.model import build_model, plain_copy
+
+LLAMA = ["device=cpu", "model.preset=llama-tiny", "seq_len=16"]
+TIMEOUT = 400
+
+
+def _run(method="grad_accum", precision="fp32", **kw) -> RunConfig:
+    return RunConfig(
+        method=method,
+        precision=precision,
+        device="cpu",
+        model=ModelConfig(preset="llama-tiny"),
+        seq_len=16,
+        options=kw.pop("options", {}),
+        **{"micro_batch_size": 2, "num_micro_batches": 4, **kw},
+    )
+
+
+def test_presets_have_the_published_shapes():
+    shapes = {
+        p: ModelConfig(preset=p).resolved() for p in ("llama-1b", "llama-3b", "llama-8b", "llama-70b", "llama-tiny")
+    }
+    assert all(m.family == "llama" and m.dropout == m.attention_dropout == 0.0 for m in shapes.values())
+    assert [(m.layers, m.hidden, m.heads, m.kv_heads) for m in shapes.values()][:4] == [
+        (16, 2048, 32, 8),
+        (28, 3072, 24, 8),
+        (32, 4096, 32, 8),
+        (80, 8192, 64, 8),
+    ]
+    assert shapes["llama-tiny"].heads > shapes["llama-tiny"].kv_heads  # grouped queries, as the real ones
+    with pytest.raises(ConfigError, match="is a llama model"):
+        ModelConfig(preset="llama-1b", family="gpt2").resolved()
+    with pytest.raises(ConfigError, match="kv_heads applies to model.family='llama' only"):
+        ModelConfig(preset="tiny", kv_heads=2).resolved()
+
+
+def test_parameter_counts_are_the_published_ones():
+    # Built on the meta device (no memory): Llama 3.2 1B is 1.24B with tied embeddings, 1.50B untied; 8B is 8.03B.
+    with torch.device("meta"):
+        counts = {
+            p: sum(t.numel() for t in build_model(ModelConfig(preset=p), 0).parameters())
+            for p in ("llama-1b", "llama-8b")
+        }
+    assert counts["llama-1b"] == 1_498_482_688
+    assert counts["llama-8b"] == 8_030_261_248
+
+
+def test_the_layered_view_is_hugging_faces_model():
+    run = _run(micro_batch_size=4, num_micro_batches=1)
+    model = build_model(run.model, run.seed)
+    mb = next(synthetic_batches(run, padded=True)).split(1)[0]
+    assert mb.attention_mask is not None and not mb.attention_mask.all()
+    ctx = model.begin(mb, run.seed, 0, mb.size)
+    model.forward_micro_batch(ctx)
+    plain = plain_copy(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    real = mb.attention_mask.bool()
+    assert torch.equal(ctx.logits[real], plain[real])
+    assert model.hf.config.num_key_value_heads < model.hf.config.num_attention_heads
+
+
+@pytest.mark.parametrize(
+    "method,precision,options,against,bitwise",
+    [
+        ("amp", "bf16", {}, "grad_accum", False),
+        ("l2l", "fp32", {"stash": "cpu", "overlap": "on"}, "grad_accum", True),
+        ("l2l", "fp32", {"stash": "gpu", "overlap": "off"}, "grad_accum", True),
+        ("l2l-cmp", "bf16", {"stash": "cpu", "overlap": "on"}, "amp", False),
+        ("l2l-cmp", "fp16", {"overlap": "on"}, "amp", False),
+        ("gpipe", "fp32", {}, "grad_accum", True),
+        ("pipedream-flush", "fp32", {"stages": 3}, "grad_accum", True),
+        ("pipedream-2bw", "fp32", {}, "2bw-reference", True),
+    ],
+)
+def test_every_method_matches_its_reference(method, precision, options, against, bitwise):
+    result = check(_run(method, precision, options=options), against, steps=3)
+    assert result.passed, result.report(top=5)
+    if bitwise:
+        assert result.worst[1] == 0.0, result.report(top=5)
+
+
+def _check_cli(method: str, *sets: str) -> subprocess.CompletedProcess:
+    args = [x for s in [*LLAMA, *sets] for x in ("--set", s)]
+    cmd = [sys.executable, "-m", "suite", "check", method, "--steps", "3", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT)
+
+
+def test_suite_check_takes_the_preset():
+    proc = _check_cli("l2l-cmp", "precision=bf16", "num_micro_batches=4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith("PASS")
+
+
+@pytest.mark.slow  # make test-slow: torchrun ranks
+def test_peers_match_grad_accum_on_two_ranks():
+    from methods.peers.torch_pipelining import gloo_mixes_p2p
+    from suite.core import registry
+
+    # torch's seven schedules (the V ones where gloo mixes p2p batches: not torch 2.11's), FSDP2 and both ZeROs (where
+    # DeepSpeed is installed: an optional extra, not on the GPU image)
+    schedules = [n for n in registry.names() if registry.get(n).peer == "torch.distributed.pipelining"]
+    schedules = [n for n in schedules if gloo_mixes_p2p() or registry.get(n).placement != "v"]
+    zero = ["deepspeed-offload", "deepspeed-infinity"] if importlib.util.find_spec("deepspeed") else []
+    methods = ["fsdp-offload", *zero, *schedules]
+    args = [x for m in methods for x in ("--method", m)] + ["--steps", "3"]
+    sets = [*LLAMA, "num_micro_batches=4", "micro_batch_size=4", "optimizer=adamw"]
+    args += [x for s in sets for x in ("--set", s)]
+    proc = torchrun(2, "methods.peers.dist_check", args, TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert f"{len(methods)} of {len(methods)} passed" in proc.stdout, proc.stdout[-4000:]
+
+
+@pytest.mark.slow  # make test-slow: torchrun ranks
+@pytest.mark.parametrize("method", ["gpipe", "pipedream-flush", "pipedream-2bw"])
+def test_our_pipelines_on_ranks_match_their_reference(method):
+    proc = _check_cli(method, "executor=dist", "num_micro_batches=4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PASS: largest 0.000e+00" in proc.stdout, proc.stdout[-3000:]  # bitwise, as the reference executor
+
+
+def test_flops_are_six_per_matmul_parameter_and_token_plus_attention():
+    from suite.measure import flops
+
+    run = RunConfig(model=ModelConfig(preset="llama-8b"), seq_len=4096)
+    m = run.model.resolved()
+    h, kv, i, s = m.hidden, m.kv_heads * m.hidden // m.heads, m.intermediate, run.seq_len
+    matmul_params = m.layers * (2 * h * (h + kv) + 3 * h * i) + h * m.vocab_size  # the LM head's too
+    per_token = flops.per_sample(run)["flops_per_sample"] / s
+    assert per_token == 6 * matmul_params + 12 * s * h * m.layers
