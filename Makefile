@@ -11,7 +11,7 @@ RUN_FLAGS ?=
 # MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
 MEASURE ?= time
 
-.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-overhead bench-host-optim table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check l2l-projection plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-overhead bench-host-optim table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check l2l-projection decoder plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -125,6 +125,13 @@ table7 table7-recipe: $(STAMP)
 # The 2BW planner: predictions against measured 2-rank runs (results/planner-check.md), and a ranked plan.
 planner-check: $(STAMP)
 	$(PY) -m suite run planner-check --profile $(PROFILE) $(RUN_FLAGS)
+
+# Llama-style decoders, 1B to 70B, under every method: device and host memory counted on fake tensors (any machine;
+# DECODER_MEASURE=time on a GPU measures the rows that fit), and the largest model each fits on one 80 GB GPU.
+DECODER_MEASURE ?= count
+decoder: $(STAMP)
+	$(PY) -m suite run decoder --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)
+	$(PY) -m suite run decoder-largest --profile paper $(RUN_FLAGS)
 
 # L2L's step projected on the paper's V100, the H100 of the records, an A100 and a GH200: no GPU needed.
 l2l-projection: $(STAMP)

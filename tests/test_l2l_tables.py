@@ -93,6 +93,8 @@ def test_row_options_reach_the_cell_and_set_wins():
         dataclasses.replace(exp, rows=lambda profile: [bad]).cells("tiny")
 
 
+# make test-slow (20 s): L2L memory flat in depth stays in the default run (tests/l2l/test_l2l_memory.py)
+@pytest.mark.slow
 def test_table5_two_depths_end_to_end(tmp_path, monkeypatch):
     # One thread per cell process: on a small shared machine, OpenMP threads that spin for a busy
     # core make a step up to ~70x slower.

@@ -244,6 +244,8 @@ EXPERIMENTS = Catalogue(
             ("2bw-fig9", "fig9_2bw"),
             ("planner-check", "planner_check"),
             ("l2l-projection", "l2l_projection"),
+            ("decoder", "decoder"),
+            ("decoder-largest", "decoder_largest"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
             ("bench-l2l-host-step", "benchmarks.l2l_host_step"),

@@ -33,6 +33,7 @@ KINDS = Catalogue(
         ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
         ("planned", CellKind("methods.pipeline.planner.check:planned_cell", watched=True)),
         ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
+        ("decoder-largest", CellKind("experiments.decoder_largest:largest", one_process=True)),
         ("l2l-projected", CellKind("methods.l2l.projection:projected_cell", builds_method=False)),
         ("count-search", CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True)),
         (

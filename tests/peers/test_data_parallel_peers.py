@@ -63,6 +63,7 @@ def test_fsdp_with_lamb_on_two_ranks_within_the_bound():
     assert _largest(proc.stdout, "fsdp-offload") <= 1e-5
 
 
+@pytest.mark.slow  # make test-slow (36 s); the default run checks ZeRO-Offload on two ranks and in bf16 on one
 @needs_deepspeed
 def test_zero_offload_on_one_rank_matches_grad_accum_bitwise_with_lamb():
     """One group per tensor, so ZeRO's flat groups are whole tensors and the suite's fused LAMB steps them."""
