@@ -101,6 +101,7 @@ EXPERIMENT = ProjectingExperiment(
     base=base,
     rounds=1,
     projected_kind="decoder-largest",
+    projected_timeout=1800.0,  # L2L with a 1 TiB host: counts of models some 200 layers deep
     notes=(
         "Counted, not measured: each candidate depth is a full count of the method's step (device peak under the "
         "80 GB cap, host peak against the row's host). AG and AMP keep everything on the device, so the host does "

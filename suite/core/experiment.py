@@ -205,12 +205,13 @@ class ProjectingExperiment(Experiment):
     declared options."""
 
     projected_kind: str = "projected"
+    projected_timeout: float = 120.0  # seconds a projected cell may take (a search over counts takes minutes)
 
     def adapt(self, cell, profile):
         if not isinstance(cell.row, ProjectedRow):
             return cell
         run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
-        return dataclasses.replace(cell, run=run, kind=self.projected_kind, timeout=120.0)
+        return dataclasses.replace(cell, run=run, kind=self.projected_kind, timeout=self.projected_timeout)
 
 
 def _key(pair: str) -> str:
