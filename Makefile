@@ -127,11 +127,13 @@ planner-check: $(STAMP)
 	$(PY) -m suite run planner-check --profile $(PROFILE) $(RUN_FLAGS)
 
 # Llama-style decoders, 1B to 70B, under every method: device and host memory counted on fake tensors (any machine;
-# DECODER_MEASURE=time on a GPU measures the rows that fit), and the largest model each fits on one 80 GB GPU.
+# DECODER_MEASURE=time on a GPU measures the rows that fit), the largest model each fits on one 80 GB GPU, and the
+# largest micro-batch each fits at every size and at sequence 4096 and 8192.
 DECODER_MEASURE ?= count
 decoder: $(STAMP)
 	$(PY) -m suite run decoder --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)
 	$(PY) -m suite run decoder-largest --profile paper $(RUN_FLAGS)
+	$(PY) -m suite run decoder-batch --profile paper $(RUN_FLAGS)
 
 # L2L's step projected on the paper's V100, the H100 of the records, an A100 and a GH200: no GPU needed.
 l2l-projection: $(STAMP)

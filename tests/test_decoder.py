@@ -3,7 +3,7 @@ or the device runs out."""
 
 import pytest
 
-from experiments import decoder, decoder_largest
+from experiments import decoder, decoder_batch, decoder_largest
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.plan import counted
 
@@ -39,3 +39,51 @@ def test_the_largest_model_is_the_deepest_whose_host_and_device_hold(host):
     n, searched = m["max_layers"], m["searched"]
     assert m["host_peak_bytes"] <= 8 * 2**20 and str(n + 1) in searched
     assert "host" in searched[str(n + 1)] and m["max_params_billion"] > 0
+
+
+def test_the_search_starts_where_two_counts_in_a_line_meet_a_cap():
+    # Device 10 + 3 a unit, host 100 + 50 a unit: a device of 100 holds 31 (10 + 3 * 30), a host of 1000 holds 19.
+    counted = []
+
+    def count(n):
+        counted.append(n)
+        return {"device_peak_allocated": 10 + 3 * (n - 1), "host_peak_bytes": 100 + 50 * (n - 1)}
+
+    assert decoder_largest.affine_guess(count, 100, 10**6) == 31
+    assert decoder_largest.affine_guess(count, 100, 1000) == 19
+    assert decoder_largest.affine_guess(count, 10**12, 10**12) == decoder_largest.MOST
+    assert decoder_largest.affine_guess(lambda n: {"oom": "x"} if n == 2 else count(n), 100, 1000) == 1
+    assert counted[:2] == [1, 2]
+
+
+def test_a_search_over_anything_but_depth_or_micro_batch_is_refused():
+    projection = {"host": "1GiB", "over": "heads"}
+    run = RunConfig(method="l2l", model=ModelConfig(preset="llama-tiny"), options={"projection": projection})
+    with pytest.raises(Exception, match="micro_batch_size"):
+        decoder_largest.largest(run, None, None)
+
+
+def test_the_batch_table_searches_the_micro_batch_at_every_size_and_sequence():
+    cells = decoder_batch.EXPERIMENT.cells("paper", None, None, None)
+    assert {(c.run.model.preset, c.run.seq_len) for c in cells} == {(s, q) for s in decoder.SIZES for q in (4096, 8192)}
+    assert all(c.kind == "decoder-largest" and c.run.options["projection"]["over"] == "micro_batch_size" for c in cells)
+    assert {c.run.method for c in cells} == {"grad_accum", "amp", "l2l", "l2l-cmp"}
+
+
+@pytest.mark.slow  # make test-slow: a count in a fresh process each, about 6 s
+def test_the_largest_micro_batch_is_the_one_whose_next_does_not_hold():
+    run = RunConfig(
+        method="amp",
+        precision="bf16",
+        device="cpu",
+        model=ModelConfig(preset="llama-tiny"),
+        seq_len=32,
+        micro_batch_size=1,
+        num_micro_batches=1,
+        device_memory="6MB",
+        options={"recompute": "on", "projection": {"host": "1GiB", "over": "micro_batch_size"}},
+    )
+    m = decoder_largest.largest(run, None, None)
+    n, searched = m["max_micro_batch"], m["searched"]
+    assert n >= 1 and searched[str(n + 1)] == "device oom" and m["memory_gb"] * 1e9 <= 6e6
+    assert m["tokens_per_micro_batch"] == 32 * n

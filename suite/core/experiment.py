@@ -247,6 +247,7 @@ EXPERIMENTS = Catalogue(
             ("l2l-projection", "l2l_projection"),
             ("decoder", "decoder"),
             ("decoder-largest", "decoder_largest"),
+            ("decoder-batch", "decoder_batch"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
             ("bench-l2l-host-step", "benchmarks.l2l_host_step"),
