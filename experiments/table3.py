@@ -19,6 +19,7 @@ TARGET = 0.95  # L2L-CMP throughput / AMP's at the same batch, the issue's targe
 # the device) says these rows keep the stash on the host. Host updates overlap the backward: the
 # paper's param server updates "eagerly ... in parallel to execution" (section 2.1).
 L2L_OPTIONS = {"stash": "cpu", "overlap": "on"}
+PEER_OPTIONS = {"recompute": "on"}
 
 
 def base(profile: str) -> dict:
@@ -47,20 +48,18 @@ def rows(profile: str) -> list[Row]:
         out.append(l2l_row(f"amp-rc-u{u}", "amp", {"num_micro_batches": u}, labels, options={"recompute": "on"}))
         out.append(l2l_row(f"amp-u{u}", "amp", {"num_micro_batches": u}, labels))
     # Peer (not in the paper): FSDP2 in 16-bit (MixedPrecisionPolicy over FP32 shards, CMP's arithmetic) with CPU
-    # offload on a GPU, the same micro-batches accumulated; plain FSDP2 on a CPU.
+    # offload on a GPU, the same micro-batches accumulated; plain FSDP2 on a CPU. Like the peers below, each block
+    # checkpointed, as `amp-rc` is: without, a micro-batch of 64 is past the cap as plain AMP's is.
     for u in UBATCHES:
-        labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA", "peer": "torch FSDP2"}
-        out.append(l2l_row(f"peer-fsdp-u{u}", "fsdp-offload", {"num_micro_batches": u}, labels))
+        labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA", "peer": "torch FSDP2, recompute"}
+        out.append(l2l_row(f"peer-fsdp-u{u}", "fsdp-offload", {"num_micro_batches": u}, labels, options=PEER_OPTIONS))
     # Peer: ZeRO-Offload under DeepSpeed's torch_autocast (FP32 weights on the device, optimizer on the host, bf16
     # compute: AMP's arithmetic). bf16 on every profile: ZeRO gives torch_autocast no fp16 loss scaler.
     for u in UBATCHES:
-        peer = "DeepSpeed ZeRO-Offload (bf16 autocast)"
+        peer = "DeepSpeed ZeRO-Offload (bf16 autocast), recompute"
         labels = {"uBatch": ub, "#uBatches": u, "device batch": ub * u, "stash": "NA", "peer": peer}
-        out.append(
-            l2l_row(
-                f"peer-zero-offload-u{u}", "deepspeed-offload", {"num_micro_batches": u, "precision": "bf16"}, labels
-            )
-        )
+        overrides = {"num_micro_batches": u, "precision": "bf16"}
+        out.append(l2l_row(f"peer-zero-offload-u{u}", "deepspeed-offload", overrides, labels, options=PEER_OPTIONS))
     return out
 
 

@@ -39,10 +39,16 @@ VARIANTS = (  # name, method, options, label; micro-batch sizes per profile belo
     ("fp32-baseline", "grad_accum", {"precision": "fp32"}, "BASELINE FP32 (not in the paper's table)"),
     ("stash-gpu", "l2l-cmp", {"stash": "gpu", "overlap": "on"}, "L2L-STASH ON GPU"),
     ("stash-cpu", "l2l-cmp", {"stash": "cpu", "overlap": "on"}, "L2L-STASH ON CPU"),
-    # Peers (not in the paper), in FP32 at L2L's batch: FSDP2 with CPU offload on a GPU (plain FSDP2 on a CPU and in
-    # a count, whose one CPU stands for device and host), and ZeRO-3 with parameters offloaded (not countable).
-    ("peer-fsdp", "fsdp-offload", {"precision": "fp32"}, "PEER: TORCH FSDP2 (FP32)"),
-    ("peer-zero-infinity", "deepspeed-infinity", {"precision": "fp32"}, "PEER: DEEPSPEED ZERO-3 OFFLOAD (FP32)"),
+    # Peers (not in the paper), in FP32 at L2L's batch, each block checkpointed (without, the activations of one
+    # micro-batch of 64 pass the cap at any depth): FSDP2 with CPU offload on a GPU (plain FSDP2 on a CPU and in a
+    # count, whose one CPU stands for device and host), and ZeRO-3 with parameters offloaded (not countable).
+    ("peer-fsdp", "fsdp-offload", {"precision": "fp32", "recompute": "on"}, "PEER: TORCH FSDP2 (FP32, RECOMPUTE)"),
+    (
+        "peer-zero-infinity",
+        "deepspeed-infinity",
+        {"precision": "fp32", "recompute": "on"},
+        "PEER: DEEPSPEED ZERO-3 OFFLOAD (FP32, RECOMPUTE)",
+    ),
 )
 _BATCH = {"paper": (2, 64), "small": (2, 32), "tiny": (2, 16)}  # (baseline, L2L) device batch, one micro-batch
 TARGET = 0.02  # stash-cpu memory at the deepest model within 2% of the shallowest, on a GPU at `paper`

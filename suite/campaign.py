@@ -100,10 +100,10 @@ def environment(fp: dict) -> dict:
     except (OSError, subprocess.SubprocessError):
         smi = "nvidia-smi: not available"
     versions = {}
-    for pkg in ("torch", "transformers", "datasets", "wandb", "pytest", "pytest-benchmark", "numpy"):
+    for pkg in ("torch", "transformers", "datasets", "wandb", "deepspeed", "pytest", "pytest-benchmark", "numpy"):
         try:
             versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:  # absent is an answer (the GPU image has no datasets, no wandb)
+        except metadata.PackageNotFoundError:  # absent is an answer (the GPU image: no datasets, wandb, DeepSpeed)
             versions[pkg] = None
     return {
         "machine": fp,

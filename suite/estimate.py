@@ -3,8 +3,12 @@
 A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
 - the step time is the target machine's own record of the cell where one was measured (`measured`), else the
   model's training FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
-  (`flops`), else at the median of its records in the same precision (an FP32 peer is costed like the FP32 methods,
-  not at the mixed-precision methods' utilisation of a 15x higher peak), else at the median of all its records;
+  (`flops`), else at the median of its records of the same table in the same precision (its shapes: sequence and
+  micro-batch), else of all its records in that precision (an FP32 peer is costed like the FP32 methods, not at the
+  mixed-precision methods' utilisation of a 15x higher peak), else at the median of all its records;
+- a cell whose method needs a library the target lacks (its environment report, else GPU_IMAGE_LACKS) costs
+  nothing: it is recorded not_implemented there without starting; nor does a capped cell a count record puts past
+  its cap (for an offloading peer, a count made against the cap plus what its offload keeps on the host);
 - a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and,
   once per model shape (and for every L2L cell, which runs with the pool emptied), the build; the worker's own
   start is paid once a campaign. Both come from the fresh-process overhead the target's records show (their
@@ -38,6 +42,9 @@ DEFAULT_OVERHEAD_S = 15.0  # assumed where the target has no record: the H100 ru
 DEFAULT_MFU = 0.1  # assumed where the target has no record at all
 COUNTS_S = 30.0  # assumed: a sweep's counts of its capped cells, side by side on the host's cores, before it runs
 PEAK_OF = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
+# What the lent GPU's image lacks (docs/gpu-campaign.md; the mimic environment checks the same, Makefile MIMIC_ABSENT)
+# where a target's environment report does not name the library (the first H100 report predates the question).
+GPU_IMAGE_LACKS = ("datasets", "wandb", "deepspeed")
 
 
 @dataclass
@@ -68,14 +75,13 @@ class CostTable:
         recs = [r for r in every if machine_of(r).startswith(device)]
         # Counts hold no data, so any machine's says whether a cell passes its cap (the campaign counts it again).
         self.counted = {
-            (r["experiment"], r["row"], r.get("profile")): r["status"]
-            for r in every
-            if r["config"].get("kind") == "count"
+            (r["experiment"], r["row"], r.get("profile")): r for r in every if r["config"].get("kind") == "count"
         }
         self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
         self.machine = machine_of(recs[0]) if recs else None
+        self.versions = _environment(results_dir, self.machine).get("versions") or {}
         self.peak_name = PEAK_OF.get(device, device)
-        overheads, self.mfu_by_method, self.mfu_by_precision = [], {}, {}
+        overheads, self.mfu_by_method, self.mfu_by_precision, self.mfu_by_table = [], {}, {}, {}
         for r in recs:
             st, rounds = _step_time(r), r.get("rounds") or 0
             run = r["config"]["run"]
@@ -85,8 +91,10 @@ class CostTable:
             overheads.append((layers, r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st))
             mfu = self._mfu(run, r["metrics"]["throughput"])
             if mfu:
+                precision = run.get("precision", "fp32")
                 self.mfu_by_method.setdefault(run["method"], []).append(mfu)
-                self.mfu_by_precision.setdefault(run.get("precision", "fp32"), []).append(mfu)
+                self.mfu_by_table.setdefault((r["experiment"], precision), []).append(mfu)
+                self.mfu_by_precision.setdefault(precision, []).append(mfu)
         self.overhead = _fit(overheads)
         mfus = [m for ms in self.mfu_by_method.values() for m in ms]
         self.mfu_all = statistics.median(mfus) if mfus else None
@@ -106,6 +114,8 @@ class CostTable:
         mfu, whose = self.mfu_all, "all methods"
         for mfus, name in (
             (self.mfu_by_method.get(cell.run.method), cell.run.method),
+            # the same table's shapes (sequence, micro-batch) in the same precision: what sets utilisation most
+            (self.mfu_by_table.get((cell.experiment, cell.run.precision)), f"{cell.experiment}'s {cell.run.precision}"),
             (self.mfu_by_precision.get(cell.run.precision), f"{cell.run.precision} methods"),
         ):
             if mfus:
@@ -116,6 +126,25 @@ class CostTable:
         peak = flops.peak_tflops(self.peak_name, cell.run.precision) or flops.peak_tflops(self.peak_name, "fp32")
         per_step = flops.per_sample(cell.run)["hardware_flops_per_sample"] * cell.run.batch_size
         return per_step / (peak * 1e12 * mfu), f"flops at {100 * mfu:.1f}% MFU ({whose})"
+
+    def counted_past_cap(self, cell: Cell) -> bool:
+        """Whether a count record says the cell passes its cap, as the campaign's own count will: for a peer whose
+        offload a count bounds, only a count made against the cap plus that bound (`count_allowance_gb`) says so."""
+        rec = self.counted.get((cell.experiment, cell.row.name, "paper"))
+        if rec is None or rec["status"] != "oom":
+            return False
+        return not get_method(cell.run.method).count_allowance(cell.run) or "count_allowance_gb" in rec["metrics"]
+
+    def absent(self, cell: Cell) -> str | None:
+        """Why the target cannot run the cell's method at all (a library its image lacks), or None: its cells are
+        recorded not_implemented there without starting. The target's environment report decides where it names
+        the library; else the GPU image as this suite knows it (GPU_IMAGE_LACKS)."""
+        for pkg in get_method(cell.run.method).requires:
+            if pkg in self.versions and self.versions[pkg] is None:
+                return f"{pkg} not installed on {self.machine} (its environment report): not run"
+            if pkg not in self.versions and pkg in GPU_IMAGE_LACKS:
+                return f"{pkg} not in the GPU image (GPU_IMAGE_LACKS; {self.machine}'s report does not say): not run"
+        return None
 
     def oom(self, cell: Cell) -> float | None:
         rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
@@ -154,6 +183,11 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
         slope = max(slope, 0.0)
         fixed = max(statistics.fmean(y for _, y in points) - slope * statistics.fmean(xs), 0.0)
     return fixed, slope
+
+
+def _environment(results_dir: Path, machine: str | None) -> dict:
+    path = results_dir / "campaign" / (machine or "") / "environment.json"
+    return json.loads(path.read_text()) if machine and path.exists() else {}
 
 
 def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str) -> float | None:
@@ -198,17 +232,22 @@ def estimate(
             cells = [c for c in exp.cells("paper", list(s.only) if s.only else None, None, None) if not c.row.skip]
             per_cell: dict[str, Line] = {}
             capped = [
-                c for c in cells if c.run.device_memory and not get_method(c.run.method).peer and not c.row.same_as
+                c
+                for c in cells
+                if c.run.device_memory
+                and not c.row.same_as
+                and get_method(c.run.method).count_allowance(c.run) is not None
             ]
             if capped:
                 per_cell["counts"] = Line(number, f"{s.experiment}: counts of its capped cells", 1, COUNTS_S, "assumed")
             for cell in cells:
                 what = f"{s.experiment}/{cell.row.name}"
-                past = table.counted.get((cell.experiment, cell.row.name, "paper")) == "oom"
                 if cell.row.same_as is not None:  # its twin (an earlier stage's table) is measured: reused
                     twin = "/".join(cell.row.same_as)
                     per_cell[what] = Line(number, what, 0, 0.0, f"the same cell as {twin}: its record reused")
-                elif cell in capped and past:
+                elif (why := table.absent(cell)) is not None:
+                    per_cell[what] = Line(number, what, 0, 0.0, why)
+                elif cell in capped and table.counted_past_cap(cell):
                     per_cell[what] = Line(number, what, 0, 0.0, "counted past its cap (a count record): not run")
                 elif (oom := table.oom(cell)) is not None:
                     per_cell[what] = Line(number, what, 1, oom, "its oom record (a fresh process)")

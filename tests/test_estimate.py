@@ -56,18 +56,66 @@ def test_a_process_start_is_fitted_over_depths_and_the_worker_starts_once(tmp_pa
     assert pooled["table5/stash-cpu-x4"].seconds == pytest.approx(0.25 * 96 + x4_steps + WORKER_CELL_S)
 
 
-def test_a_method_without_records_is_costed_at_its_precision(tmp_path):
-    """An FP32 peer with no record runs at the utilisation of the machine's FP32 records, not at the median of all
-    records, most of them 16-bit against a peak 15 times higher."""
-    table2 = get_experiment("table2")
+def test_a_method_without_records_is_costed_at_its_table_then_its_precision(tmp_path):
+    """An FP32 peer with no record runs at the utilisation of the same table's FP32 records (its shapes), else of
+    the machine's FP32 records, not at the median of all records, most of them 16-bit against a peak 15 times
+    higher."""
+    table2, table5 = get_experiment("table2"), get_experiment("table5")
     base, amp, peer = table2.cells("paper", ["baseline-fp32", "baseline-amp", "peer-fsdp-fp32"], None, None)
-    _record(tmp_path, base, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)  # about 48% of FP32's peak
-    _record(tmp_path, amp, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)  # about 3% of 16-bit's
+    (other,) = table5.cells("paper", ["fp32-baseline-x1"], None, None)
+    _record(tmp_path, amp, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)  # about 3% of 16-bit's peak
+    _record(tmp_path, other, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)  # table5's FP32, about 48%
     stages = {2: Stage("t", sweeps=(Sweep("table2", only=("peer-fsdp-fp32",)),))}
-    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+
+    def peer_line():
+        return next(ln for ln in estimate(stages, "h100", results_dir=tmp_path) if ln.what == "table2/peer-fsdp-fp32")
+
+    line = peer_line()
     assert line.source.endswith("MFU (fp32 methods)"), line.source
     mfu = float(line.source.split("flops at ")[1].split("%")[0])
     assert 40 < mfu < 60  # FP32's, not the median of the two (about 26%)
+    _record(tmp_path, base, step_time=4.0, rounds=1, duration=30.0, throughput=16.0)  # table2's own FP32: half
+    line = peer_line()
+    assert line.source.endswith("MFU (table2's fp32)"), line.source
+    assert 20 < float(line.source.split("flops at ")[1].split("%")[0]) < 30
+
+
+def test_a_library_the_target_lacks_costs_its_cells_nothing(tmp_path):
+    """The GPU image has no DeepSpeed: ZeRO's cells are recorded not_implemented there without starting. The
+    target's environment report decides where it names the library."""
+    (base,) = get_experiment("table2").cells("paper", ["baseline-fp32"], None, None)
+    _record(tmp_path, base, step_time=2.0, rounds=1, duration=30.0, throughput=32.0)
+    stages = {2: Stage("t", sweeps=(Sweep("table2", only=("peer-zero-offload-fp32",)),))}
+
+    def zero():
+        return next(ln for ln in estimate(stages, "h100", results_dir=tmp_path) if "zero" in ln.what)
+
+    assert zero().seconds == 0.0 and "GPU_IMAGE_LACKS" in zero().source
+    env = tmp_path / "campaign" / "h100-test" / "environment.json"
+    env.parent.mkdir(parents=True)
+    env.write_text(json.dumps({"versions": {"deepspeed": None}}))
+    assert zero().seconds == 0.0 and "its environment report" in zero().source
+    env.write_text(json.dumps({"versions": {"deepspeed": "0.19.8"}}))
+    assert zero().seconds > 0.0 and zero().rounds == 3
+
+
+def test_an_offloading_peer_is_skipped_only_by_a_count_that_allowed_for_its_offload(tmp_path):
+    """A count of FSDP2 on a CPU keeps on the device what its GPU run offloads: only a count past the cap plus that
+    allowance (`count_allowance_gb`) says the GPU run is past the cap too."""
+    (cell,) = get_experiment("table5").cells("paper", ["peer-fsdp-x16"], None, None)
+    count = dataclasses.replace(cell, kind="count")
+    _record(tmp_path, count, step_time=None, rounds=0, duration=3.0, status="oom")
+    stages = {3: Stage("t", sweeps=(Sweep("table5", only=("peer-fsdp-x16",)),))}
+
+    def line():
+        return next(ln for ln in estimate(stages, "h100", results_dir=tmp_path) if ln.what.endswith("x16"))
+
+    assert line().seconds > 0.0  # a plain count's oom says nothing of the offloaded run
+    path = next((tmp_path / "runs" / "h100-test").glob("*.json"))
+    rec = json.loads(path.read_text())
+    rec["metrics"] = {"count_allowance_gb": 78.0}
+    path.write_text(json.dumps(rec))
+    assert line().seconds == 0.0 and "not run" in line().source
 
 
 def test_an_oom_record_costs_what_it_took_and_tests_are_assumed_without_a_report(tmp_path):

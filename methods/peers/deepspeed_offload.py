@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import ClassVar
 
@@ -10,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from methods.peers.group import join
-from methods.peers.layers import Layers
+from methods.peers.layers import RECOMPUTE, Layers
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
@@ -41,12 +40,15 @@ class DeepSpeedOffload(Method):
             "optimizer=adamw's host kernel: torch's fused AdamW, or DeepSpeed's own CPU Adam (ZeRO-Offload's; it "
             "rounds differently, see the README)",
         ),
+        "recompute": RECOMPUTE,
         "timeout": Option(300.0, help="seconds before process-group init or any collective fails the run"),
     }
 
+    requires = ("deepspeed",)
+
     @classmethod
     def unavailable(cls) -> str | None:
-        return None if importlib.util.find_spec("deepspeed") else f"DeepSpeed is not installed: {INSTALL}"
+        return f"DeepSpeed is not installed: {INSTALL}" if super().unavailable() else None
 
     @classmethod
     def check_config(cls, run) -> None:
@@ -121,7 +123,10 @@ class DeepSpeedOffload(Method):
             else:
                 opt = torch.optim.AdamW(groups, fused=True, **hyper)  # its tensors are on the host, offloaded
         self.engine, self.opt, _, _ = deepspeed.initialize(
-            model=Layers(model), optimizer=opt, config=self.config(), dist_init_required=False
+            model=Layers(model, self.opts["recompute"] == "on"),
+            optimizer=opt,
+            config=self.config(),
+            dist_init_required=False,
         )
         self.step_count = 0
 

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from methods.peers.group import join
-from methods.peers.layers import Layers
+from methods.peers.layers import RECOMPUTE, Layers
 from suite.core.registry import Method, Option, StepStats, register
 from suite.harness.data import MiniBatch
 from suite.harness.device import DTYPES, flag, is_fake, place, scalar
@@ -33,12 +33,26 @@ class FSDPOffload(Method):
             "parameters are on the host already, so auto runs plain FSDP2",
         ),
         "reshard": Option("on", ("on", "off"), "free the gathered parameters after each forward (ZeRO-3) or not"),
+        "recompute": RECOMPUTE,
         "timeout": Option(300.0, help="seconds before process-group init or any collective fails the run"),
     }
 
     @classmethod
     def offloads(cls, opts: dict, device: torch.device) -> bool:
         return opts["offload"] == "on" or (opts["offload"] == "auto" and device.type == "cuda")
+
+    @classmethod
+    def count_allowance(cls, run) -> int:
+        """A count (no offload on a CPU) keeps every FP32 parameter, gradient and optimizer moment on the device,
+        at most 16 bytes a parameter (Adam's and LAMB's two moments); the accelerator's CPUOffloadPolicy keeps them
+        on the host, and what it adds on the device (a block's gathered weights) the count holds too."""
+        if run.options.get("offload", "auto") == "off":
+            return 0
+        from suite.harness.model import build_model
+
+        with torch.device("meta"):
+            params = sum(p.numel() for p in build_model(run.model, run.seed).parameters())
+        return 16 * params
 
     def __init__(self, model, run, device):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -61,7 +75,7 @@ class FSDPOffload(Method):
         kw = dict(mesh=mesh, offload_policy=policy, mp_policy=mp, reshard_after_forward=self.opts["reshard"] == "on")
         for layer in model.layers:
             fully_shard(layer, **kw)
-        self.root = fully_shard(Layers(model), **kw)
+        self.root = fully_shard(Layers(model, self.opts["recompute"] == "on"), **kw)
         for unit in [self.root, *model.layers]:
             # Sums, as grad_accum's: each rank's loss is already its share of the global minibatch. (Gloo has no
             # PREMUL_SUM, which a divide factor would otherwise take.)

@@ -81,12 +81,26 @@ def count_cell(run, device, cap) -> dict:
 
     cls = registry.get(run.method)
     limit = apply_device_memory_cap(run.device_memory, torch.device("cpu"))
+    allowance = cls.count_allowance(run) or 0
+    if limit is not None and allowance:  # a peer's offload the count cannot follow: oom only where it is oom anyway
+        limit += allowance
     target = torch.device("meta" if cls.hosts_state else "cpu")
     world = cls.world_size(run)
-    if world == 1:
-        return count_rank(run, target, limit)
-    ranks = cls.counted_ranks(run)
-    per_rank = _count_ranks(run, target, limit, ranks, world)
+    extra = {"count_allowance_gb": allowance / 1e9} if allowance else {}
+    try:
+        if world == 1:
+            return {**count_rank(run, target, limit), **extra}
+        ranks = cls.counted_ranks(run)
+        per_rank = _count_ranks(run, target, limit, ranks, world)
+    except torch.OutOfMemoryError as exc:
+        if not allowance:
+            raise
+        err = torch.OutOfMemoryError(
+            f"{str(exc).splitlines()[0]}: past the {run.device_memory} cap even with the {allowance / 1e9:.1f} GB "
+            "of parameters, gradients and optimizer state its offload keeps on the host taken off"
+        )
+        err.metrics = {**(getattr(exc, "metrics", None) or {}), **extra}
+        raise err from None
     worst = max(per_rank, key=lambda m: m["device_peak_allocated"])
     return {
         **worst,
@@ -94,6 +108,7 @@ def count_cell(run, device, cap) -> dict:
         "rank_memory": [m["device_peak_allocated"] for m in per_rank],
         "rank_breakdown": [m["device_breakdown"] for m in per_rank],
         "memory_worst_rank_gb": worst["memory_gb"],
+        **extra,
     }
 
 

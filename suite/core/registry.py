@@ -66,6 +66,9 @@ class Method(ABC):
     dist_check_module: ClassVar[str | None] = None
     # A peer: the field's own implementation (the library named here), run beside ours, never one of ours.
     peer: ClassVar[str | None] = None
+    # The optional libraries (import names) the method needs: without one, unavailable() says so, and a campaign's
+    # estimate costs its cells nothing on a target whose image lacks it (suite.estimate).
+    requires: ClassVar[tuple[str, ...]] = ()
     # Why a count (fake tensors) cannot follow this method's step, if it cannot: its cells are then recorded
     # `not_implemented` with the reason instead of failing inside the library.
     uncounted: ClassVar[str | None] = None
@@ -92,7 +95,10 @@ class Method(ABC):
     def unavailable(cls) -> str | None:
         """Why this machine cannot run the method at all (an optional library missing), or None. A sweep records
         such a method's cells `not_implemented` with the reason and goes on; a direct run or check refuses."""
-        return None
+        import importlib.util
+
+        missing = [p for p in cls.requires if importlib.util.find_spec(p) is None]
+        return f"{', '.join(missing)} not installed" if missing else None
 
     @classmethod
     def check_config(cls, run) -> None:
@@ -118,6 +124,14 @@ class Method(ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
         """FP32 weights by Hugging Face name, on CPU, gathered."""
+
+    @classmethod
+    def count_allowance(cls, run) -> int | None:
+        """Device bytes a count on a CPU may hold that this method's run on an accelerator keeps on the host (a
+        peer's offload, which fake tensors cannot follow), so that a count past the cap plus this is past the cap
+        there too: 0 where the count is the device's (ours), None where it cannot say (a peer's cells then always
+        run on the accelerator; suite.core.runner.counted_past_cap)."""
+        return None if cls.peer else 0
 
     def timeline(self) -> dict[str, float] | None:
         """Where the last step's time went, for a method that traces its steps (L2L: methods.l2l.timeline), called

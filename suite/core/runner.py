@@ -79,13 +79,14 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
 
 def counted_past_cap(cells: list[Cell], timeout: float | None, progress: Callable[[str], None]) -> dict[str, Outcome]:
     """Count each capped timed cell of one of our methods on fake tensors (CPU seconds, no device), in parallel;
-    return an `oom` outcome (counted) for each past its cap, which is then recorded without running. A peer is
-    always run: its count on a CPU takes the host's allocations for the device's (docs/counting.md)."""
+    return an `oom` outcome (counted) for each past its cap, which is then recorded without running. A peer's count
+    on a CPU takes the host's allocations for the device's (docs/counting.md): one whose offload it can bound
+    (Method.count_allowance) is counted against its cap plus that bound, any other always runs."""
     eligible = [
         c
         for c in cells
         if c.run.device_memory and is_timed(c.kind) and registry.is_registered(c.run.method)
-        and not registry.get(c.run.method).peer
+        and registry.get(c.run.method).count_allowance(c.run) is not None
     ]  # fmt: skip
     if not eligible:
         return {}

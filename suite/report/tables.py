@@ -139,11 +139,19 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy
     # A row timed on a busy machine, or against a baseline that was, shows its figures but no ratio of a rate
     # (its memory ratios stand: load does not change what a step allocates).
     busy = contended(metrics) or contended(metrics_of(base_rec))
+    shown = f"{status}, contended" if contended(metrics) else status
+    if isinstance(allowance := metrics.get("count_allowance_gb"), (int, float)):
+        # a peer counted on a CPU without the offload its GPU run has (suite.core.cell.count_cell)
+        shown += (
+            f" (past the cap even with {allowance:.1f} GB on the host, as its offload would keep them)"
+            if status == "oom"
+            else f" (counted without its offload: up to {allowance:.1f} GB of this on the host on a GPU)"
+        )
     line: list[Any] = [
         cell.row.name,
         cell.row.method,
         *[cell.row.labels.get(c, "") for c in exp.label_columns],
-        f"{status}, contended" if contended(metrics) else status,
+        shown,
         rec.get("sweep") if rec else None,
     ]
     for m in exp.metrics:

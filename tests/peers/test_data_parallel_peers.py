@@ -1,5 +1,6 @@
 """FSDP2 and DeepSpeed ZeRO as peers: registered, checked against grad_accum on one rank and on 2 gloo ranks."""
 
+import dataclasses
 import importlib.util
 import re
 import subprocess
@@ -91,9 +92,16 @@ def test_zero_3_on_one_rank_with_lamb_within_the_bound():
 
 
 @needs_deepspeed
-def test_data_parallel_peers_on_two_ranks_match_grad_accum():
+@pytest.mark.parametrize(
+    "recompute",
+    [
+        "on",  # each block checkpointed, as Tables 2, 3 and 5 run them: the libraries' hooks gather it again
+        pytest.param("off", marks=pytest.mark.slow),  # make test-slow; without, the one-rank checks above
+    ],
+)
+def test_data_parallel_peers_on_two_ranks_match_grad_accum(recompute):
     names = ["fsdp-offload", "deepspeed-offload", "deepspeed-infinity"]
-    proc = _two_ranks(names, "optimizer=adamw", *CLIP_AND_SCHEDULE)
+    proc = _two_ranks(names, "optimizer=adamw", f"recompute={recompute}", *CLIP_AND_SCHEDULE)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "3 of 3 passed" in proc.stdout
     for name in names:
@@ -213,3 +221,42 @@ def test_fsdp_in_fp16_scales_its_loss_and_stays_within_the_bound():
     proc = _one_rank("fsdp-offload", "precision=fp16")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert _largest(proc.stdout, "fsdp-offload") <= 0.5
+
+
+def _x(rows: list[str], cap: str | None = None, *sets: str) -> list:
+    from suite.core.experiment import get_experiment
+
+    over = [f"device_memory={cap}"] if cap else []
+    return get_experiment("table5").cells("tiny", rows, [*over, *sets], None)
+
+
+@pytest.mark.slow  # make test-slow (22 s: three counts); the default run checks the precount's verdict below
+def test_fsdp_is_counted_against_its_cap_plus_what_its_offload_keeps_on_the_host():
+    """A count on a CPU holds FSDP2's FP32 parameters, gradients and moments on the device; its GPU run offloads
+    them. So the count is past its cap only past the cap plus those bytes (16 a parameter): a cap between the two
+    passes with the offload and fails without it."""
+    from suite.core.launcher import run_cell
+
+    def count(cap, *sets):
+        (cell,) = _x(["peer-fsdp-x1"], cap, *sets)
+        return run_cell(dataclasses.replace(cell, kind="count"))
+
+    free = count("1TiB")
+    peak, allowance = free["metrics"]["device_peak_allocated"], free["metrics"]["count_allowance_gb"] * 1e9
+    assert free["status"] == "ok" and 0 < allowance < peak
+    cap = f"{int(peak - allowance / 2)}B"
+    offloaded = count(cap)
+    assert offloaded["status"] == "ok" and offloaded["metrics"]["device_peak_allocated"] == peak
+    kept = count(cap, "offload=off")  # the count is then the device's own: past the cap
+    assert kept["status"] == "oom" and "count_allowance_gb" not in kept["metrics"]
+
+
+def test_a_peer_past_its_cap_even_offloaded_is_found_before_it_runs():
+    """The campaign's precount takes the offloading peer too: at 64 samples its count passes the 10 MiB cap plus
+    its offload's bytes, so the cell is recorded oom without running."""
+    from suite.core.runner import counted_past_cap
+
+    (cell,) = _x(["peer-fsdp-x1"])
+    (outcome,) = counted_past_cap([cell], None, lambda m: None).values()
+    assert outcome["status"] == "oom" and outcome["error"].startswith("not run: its count passed")
+    assert outcome["metrics"]["count_allowance_gb"] > 0
