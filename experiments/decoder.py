@@ -16,9 +16,15 @@ METHODS = (
     ("amp", "amp", {"precision": "bf16", "recompute": "on"}, "AMP bf16, recompute per layer"),
     ("l2l", "l2l", {"precision": "fp32", "stash": "cpu", "overlap": "on"}, "L2L (FP32), stash on host"),
     ("l2l-cmp", "l2l-cmp", {"precision": "bf16", "stash": "cpu", "overlap": "on"}, "L2L-CMP bf16, stash on host"),
-    ("fsdp", "fsdp-offload", {"precision": "bf16"}, "peer: torch FSDP2, CPU offload"),
-    ("zero-offload", "deepspeed-offload", {"precision": "bf16"}, "peer: DeepSpeed ZeRO-Offload"),
-    ("zero-infinity", "deepspeed-infinity", {"precision": "bf16"}, "peer: DeepSpeed ZeRO-3 offload"),
+    # The peers recompute per layer as AMP does (as torchtitan's FSDP2 recipes checkpoint each block).
+    ("fsdp", "fsdp-offload", {"precision": "bf16", "recompute": "on"}, "peer: torch FSDP2, CPU offload, recompute"),
+    ("zero-offload", "deepspeed-offload", {"precision": "bf16", "recompute": "on"}, "peer: ZeRO-Offload, recompute"),
+    (
+        "zero-infinity",
+        "deepspeed-infinity",
+        {"precision": "bf16", "recompute": "on"},
+        "peer: ZeRO-3 offload, recompute",
+    ),
 )
 PIPELINES = (("gpipe", "gpipe"), ("flush", "pipedream-flush"), ("2bw", "pipedream-2bw"))
 DEPTHS = (2, 4, 8)
