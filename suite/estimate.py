@@ -74,9 +74,13 @@ class CostTable:
         every = list(all_records(results_dir))
         recs = [r for r in every if machine_of(r).startswith(device)]
         # Counts hold no data, so any machine's says whether a cell passes its cap (the campaign counts it again).
-        self.counted = {
-            (r["experiment"], r["row"], r.get("profile")): r for r in every if r["config"].get("kind") == "count"
-        }
+        self.counted: dict[tuple, Record] = {}  # the latest count of each cell
+        for r in every:
+            key = (r["experiment"], r["row"], r.get("profile"))
+            if r["config"].get("kind") == "count" and r.get("finished", "") >= self.counted.get(key, {}).get(
+                "finished", ""
+            ):
+                self.counted[key] = r
         self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
         self.machine = machine_of(recs[0]) if recs else None
         self.versions = _environment(results_dir, self.machine).get("versions") or {}
