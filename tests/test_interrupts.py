@@ -38,8 +38,9 @@ def _records(tmp_path):
 @pytest.mark.parametrize(
     "sig, extra",
     [
-        (signal.SIGINT, ["--worker"]),
-        pytest.param(signal.SIGINT, [], marks=pytest.mark.slow),  # a fresh process per cell: make test-slow
+        # Ctrl-C: make test-slow (about 20 s each); the default run sends SIGTERM, which the campaign's kill sends
+        pytest.param(signal.SIGINT, ["--worker"], marks=pytest.mark.slow),
+        pytest.param(signal.SIGINT, [], marks=pytest.mark.slow),  # a fresh process per cell
         (signal.SIGTERM, ["--worker"]),
     ],
     ids=["int-worker", "int-fresh-processes", "term-worker"],

@@ -56,6 +56,7 @@ def test_fsdp_on_one_rank_matches_grad_accum_bitwise_with_adamw():
     assert _largest(proc.stdout, "fsdp-offload") == 0.0
 
 
+@pytest.mark.slow  # make test-slow; the default run checks FSDP2 on two ranks with AdamW (recompute on)
 def test_fsdp_with_lamb_on_two_ranks_within_the_bound():
     """LAMB's trust ratio over FSDP2's shards takes torch's foreach path on DTensors (norms all-reduced), not the
     fused kernel, and the ranks' sums come in another order: within 1e-5, not bitwise."""
@@ -64,7 +65,7 @@ def test_fsdp_with_lamb_on_two_ranks_within_the_bound():
     assert _largest(proc.stdout, "fsdp-offload") <= 1e-5
 
 
-@pytest.mark.slow  # make test-slow (36 s); the default run checks ZeRO-Offload on two ranks and in bf16 on one
+@pytest.mark.slow  # make test-slow (36 s); the default run checks ZeRO-Offload on two ranks
 @needs_deepspeed
 def test_zero_offload_on_one_rank_matches_grad_accum_bitwise_with_lamb():
     """One group per tensor, so ZeRO's flat groups are whole tensors and the suite's fused LAMB steps them."""
@@ -73,6 +74,7 @@ def test_zero_offload_on_one_rank_matches_grad_accum_bitwise_with_lamb():
     assert _largest(proc.stdout, "deepspeed-offload") == 0.0
 
 
+@pytest.mark.slow  # make test-slow (about 40 s); the default run checks ZeRO-Offload on two ranks
 @needs_deepspeed
 def test_zero_offload_in_bf16_is_amp_on_one_rank():
     """DeepSpeed's `torch_autocast` keeps FP32 weights and computes under bf16 autocast, as the suite's AMP does:
@@ -96,7 +98,7 @@ def test_zero_3_on_one_rank_with_lamb_within_the_bound():
     "recompute",
     [
         "on",  # each block checkpointed, as Tables 2, 3 and 5 run them: the libraries' hooks gather it again
-        pytest.param("off", marks=pytest.mark.slow),  # make test-slow; without, the one-rank checks above
+        pytest.param("off", marks=pytest.mark.slow),  # make test-slow, as the one-rank checks above
     ],
 )
 def test_data_parallel_peers_on_two_ranks_match_grad_accum(recompute):
