@@ -286,3 +286,36 @@ def test_figure9_counted_searches_the_largest_model_over_counts(tmp_path, monkey
     n = m["max_layers"]
     assert m["searched"][str(n + 1)] == "oom" and m["searched"][str(n)] == m["memory_worst_rank_gb"] <= 0.004
     assert n >= 2 and m["counted_ranks"] == [0, 32] and "planner_guess" in m
+
+
+def test_a_count_on_meta_runs_sdpa_as_a_gpu_does_without_the_scores():
+    """On `meta` (a hosted method's device in a count) SDPA would fall back to the math path and hold the S x S
+    scores for its backward; under the count it takes the fused flash kernel, which holds only what CUDA's does.
+    Queries with twice the key-value heads (Llama's grouped-query attention) are served too."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from suite.measure.counting import fused_attention
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode():
+        q = torch.randn(2, 4, 64, 8, device="meta", requires_grad=True)
+        kv = [torch.randn(2, 2, 64, 8, device="meta", requires_grad=True) for _ in range(2)]
+        with fused_attention(), Ops() as ops:
+            out = torch.nn.functional.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)
+        assert out.shape == q.shape and any("flash_attention_for_cpu" in op for op in ops.seen)
+        assert not any("bmm" in op or "softmax" in op for op in ops.seen)
+        out.sum().backward()
+        assert q.grad.shape == q.shape and kv[0].grad.shape == kv[0].shape
+        with Ops() as plain:  # outside the count: torch's own choice (the math path on meta)
+            torch.nn.functional.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)
+        assert any("bmm" in op for op in plain.seen)

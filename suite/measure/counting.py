@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -114,6 +116,32 @@ class Ledger(TorchDispatchMode):
                 split["transient"] += self.peak[place] - sum(split.values())
 
 
+@contextmanager
+def fused_attention():
+    """SDPA on `meta` tensors (a hosted method's device in a count) as a GPU runs it. torch picks a fused kernel by
+    device, and on `meta` it falls back to the math path, which holds the S x S scores and softmax for the backward:
+    at a Llama's 8192 tokens, gigabytes a layer that CUDA's flash attention never allocates. Here an unmasked or
+    masked SDPA without dropout on `meta` runs the CPU's flash kernel instead, which keeps what CUDA's does for its
+    backward (queries, keys, values, output and the row log-sum-exp); every other call goes through unchanged (the
+    keyed dropout's attention never reaches SDPA)."""
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if q.device.type != "meta" or dropout_p:
+            return real(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return flash(q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = real
+
+
 def count(
     build: Callable[[], object],
     batches: Callable[[], Iterator],
@@ -131,7 +159,12 @@ def count(
     # No cap while building: a real build makes the whole model on the host first, and a pipeline stage keeps only
     # its own layers; counted on the CPU, that host is the device. The cap holds from the first step on.
     ledger = Ledger(device.type, round_to)
-    with FakeTensorMode(allow_non_fake_inputs=True), ledger, saved_tensors_hooks(ledger.pack, lambda t: t):
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        ledger,
+        saved_tensors_hooks(ledger.pack, lambda t: t),
+        fused_attention(),
+    ):
         try:
             method = build()
             ledger.roles, ledger.limit = method.memory_roles, limit

@@ -94,8 +94,12 @@ class LlamaFamily:
         rotary = hf.model.rotary_emb
         return [LlamaEmbed(hf), *(LlamaBlock(layer, rotary) for layer in hf.model.layers), LlamaHead(hf)]
 
-    def mask(self, mb) -> torch.Tensor:
-        return causal_mask(mb)
+    def mask(self, mb) -> torch.Tensor | None:
+        """None when nothing is padded (decided on the host, from the batch): SDPA is then causal by itself
+        (is_causal), as Hugging Face runs an unmasked Llama, and takes its fused kernels (flash attention on CUDA,
+        the CPU's flash kernel in a count), which never hold the S x S scores; a padded batch gets the explicit
+        mask. Llama has no dropout, so no keyed mask needs the scores either."""
+        return None if mb.attention_mask is None else causal_mask(mb)
 
     def embed(self, module, ctx) -> torch.Tensor:
         return module(ctx.mb.input_ids)
