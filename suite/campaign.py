@@ -85,6 +85,19 @@ STAGES = {
         bench=True,
         counted=True,
     ),
+    4: Stage(
+        "Llama 3.2 1B and 3B at 4096 tokens under every one-GPU method and FSDP2, 80 GB: tokens/s, TFLOPS, MFU",
+        sweeps=(
+            Sweep(
+                "decoder",
+                only=tuple(
+                    f"{size}-{m}-80GB" for size in ("1b", "3b") for m in ("ag-fp32", "amp", "l2l", "l2l-cmp", "fsdp")
+                ),
+                dry_only=("1b-l2l-cmp-80GB", "1b-fsdp-80GB"),
+                dry_set=("model.preset=llama-tiny", "seq_len=32"),
+            ),
+        ),
+    ),
 }
 
 

@@ -280,7 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.set_defaults(fn=_plan)
     g = sub.add_parser("campaign", help="the GPU campaign: one stage (or all) of the paper-profile runs on a GPU")
-    g.add_argument("--stage", default="all", help="1 (environment, cuda tests), 2 (Tables 2, 3, 6), 3 (Table 5, ...)")
+    g.add_argument(
+        "--stage",
+        default="all",
+        help="1 (environment, cuda tests), 2 (Tables 2, 3, 6), 3 (Table 5, ...), 4 (Llama 1B, 3B)",
+    )
     g.add_argument("--dry", action="store_true", help="the CPU rehearsal at tiny shapes: every stage's plumbing")
     g.add_argument("--budget", type=float, default=540.0, help="seconds a stage may take; the rest resumes (540)")
     g.add_argument("--rounds", type=int, metavar="N", help="timing rounds per throughput cell (the experiment's)")
