@@ -93,7 +93,7 @@ STAGES = {
                 only=tuple(
                     f"{size}-{m}-80GB" for size in ("1b", "3b") for m in ("ag-fp32", "amp", "l2l", "l2l-cmp", "fsdp")
                 ),
-                dry_only=("1b-l2l-cmp-80GB", "1b-fsdp-80GB"),
+                dry_only=("1b-l2l-cmp-80GB",),
                 dry_set=("model.preset=llama-tiny", "seq_len=32"),
             ),
         ),

@@ -53,6 +53,7 @@ def test_sizes():
         parse_size("lots")
 
 
+@pytest.mark.slow  # make test-slow: about 10 s; suite check runs end to end in the Llama and L2L tests
 def test_check_command_end_to_end():
     out = subprocess.run(
         [

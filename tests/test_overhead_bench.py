@@ -12,6 +12,7 @@ from suite.records import store
 from suite.sweep import sweep
 
 
+@pytest.mark.slow  # make test-slow: about 20 s; make bench-overhead runs the same cell
 def test_the_cell_runs_through_the_runner_and_renders(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "test-machine")
     exp = get_experiment("bench-overhead")

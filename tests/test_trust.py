@@ -103,6 +103,7 @@ def test_slugs_are_short_and_tell_the_kernels(model, flags, cores, slug, monkeyp
     assert machine.slug(cpu, gpu) == "h100-80gb"
 
 
+@pytest.mark.slow  # make test-slow: about 15 s; the other trust tests run by default
 def test_records_are_reused_only_on_the_machine_that_made_them(tmp_path, monkeypatch):
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
     monkeypatch.setenv("SUITE_MACHINE", "machine-one")
