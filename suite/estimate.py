@@ -9,12 +9,14 @@ A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus
 - a cell whose method needs a library the target lacks (its environment report, else GPU_IMAGE_LACKS) costs
   nothing: it is recorded not_implemented there without starting; nor does a capped cell a count record puts past
   its cap (for an offloading peer, a count made against the cap plus what its offload keeps on the host);
-- a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and,
-  once per model shape (and for every L2L cell, which runs with the pool emptied), the build; the worker's own
-  start is paid once a campaign. Both come from the fresh-process overhead the target's records show (their
-  duration per round less their timed part), fitted as a fixed part (imports, CUDA's context) plus a part per
-  layer (the build) by least squares over the depths they ran at (one depth: all of it per layer); a cell in its
-  own process (several ranks, an expected OOM, a benchmark) pays that whole overhead every round;
+- a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and
+  the build of its model where the pool does not hold that shape: the worker runs each round's cells grouped by
+  shape (suite.core.launcher.by_shape), and its pool keeps a model up to an eighth of the target's host memory
+  (suite.harness.model.pool_limit); the worker's own start is paid once a campaign. Both come from the
+  fresh-process overhead the target's records show (their duration per round less their timed part), fitted as a
+  fixed part (imports, CUDA's context) plus a part per parameter (the build) by least squares over the model
+  sizes they ran at (one size: all of it per parameter); a cell in its own process (several ranks, an expected
+  OOM, a benchmark) pays that whole overhead every round;
 - a cell the target machine recorded `oom` costs what that record took;
 - the tests of stages 1 and 3 cost what that machine's stage reports say they took, else TESTS_S.
 Every assumption is named in the line it shapes. The last line is `estimated device time: N s`.
@@ -30,8 +32,9 @@ from pathlib import Path
 from suite.config import paths
 from suite.core.experiment import Cell, get_experiment
 from suite.core.kinds import kind
-from suite.core.launcher import pooled
+from suite.core.launcher import by_shape, pooled, shape_of
 from suite.core.registry import get as get_method
+from suite.harness.model import param_count, pool_limit
 from suite.measure import flops
 from suite.records.schema import Record
 from suite.records.store import all_records, machine_of
@@ -40,6 +43,7 @@ WORKER_CELL_S = 2.0  # assumed: a pooled cell's copy, upload to the GPU and firs
 TESTS_S = 120.0  # assumed: a stage's tests where no report of the target machine says how long they took
 DEFAULT_OVERHEAD_S = 15.0  # assumed where the target has no record: the H100 run's fresh processes took 14-18 s
 DEFAULT_MFU = 0.1  # assumed where the target has no record at all
+DEFAULT_RAM = 128 * 2**30  # assumed where the target's environment report does not say: the lent GPU machines' host
 COUNTS_S = 30.0  # assumed: a sweep's counts of its capped cells, side by side on the host's cores, before it runs
 PEAK_OF = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # What the lent GPU's image lacks (docs/gpu-campaign.md; the mimic environment checks the same, Makefile MIMIC_ABSENT)
@@ -83,7 +87,9 @@ class CostTable:
                 self.counted[key] = r
         self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
         self.machine = machine_of(recs[0]) if recs else None
-        self.versions = _environment(results_dir, self.machine).get("versions") or {}
+        env = _environment(results_dir, self.machine)
+        self.versions = env.get("versions") or {}
+        self.pool_limit = pool_limit(((env.get("machine") or {}).get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM)
         self.peak_name = PEAK_OF.get(device, device)
         overheads, self.mfu_by_method, self.mfu_by_precision, self.mfu_by_table = [], {}, {}, {}
         for r in recs:
@@ -91,8 +97,8 @@ class CostTable:
             run = r["config"]["run"]
             if st is None or not rounds or not r.get("duration_s"):
                 continue
-            layers = _layers(run)
-            overheads.append((layers, r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st))
+            params = _params(run)
+            overheads.append((params, r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st))
             mfu = self._mfu(run, r["metrics"]["throughput"])
             if mfu:
                 precision = run.get("precision", "fp32")
@@ -154,32 +160,41 @@ class CostTable:
         rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
         return rec.get("duration_s") if rec and rec["status"] == "oom" else None
 
-    def fresh_overhead(self, layers: int) -> float:
-        """A fresh process's start and its build of a model of `layers` layers."""
-        return self.start() + self.build(layers)
+    def fresh_overhead(self, params: int) -> float:
+        """A fresh process's start and its build of a model of `params` parameters."""
+        return self.start() + self.build(params)
 
     def start(self) -> float:
         """The part of a fresh process's start that does not grow with the model (imports, CUDA's context)."""
         return self.overhead[0] if self.overhead else 0.0
 
-    def build(self, layers: int) -> float:
+    def build(self, params: int) -> float:
         """The part of a fresh process's start that grows with the model: what the worker pays for a new shape."""
-        _, per_layer = self.overhead or (0.0, DEFAULT_OVERHEAD_S / 24)
-        return per_layer * max(layers, 24)
+        _, per_param = self.overhead or (0.0, DEFAULT_OVERHEAD_S / BERT_LARGE_PARAMS)
+        return per_param * params
 
 
-def _layers(run: dict) -> int:
+BERT_LARGE_PARAMS = 335_000_000  # where the target has no record: DEFAULT_OVERHEAD_S was its fresh processes' start
+_PARAMS: dict[str, int] = {}
+
+
+def _params(run) -> int:
+    """The parameters of a run's model (a RunConfig or its dict), counted once per shape on `meta`."""
     from suite.config.run import RunConfig
 
-    return RunConfig.from_dict(run).model.resolved().layers
+    model = (RunConfig.from_dict(run) if isinstance(run, dict) else run).model
+    shape = repr(model.resolved())
+    if shape not in _PARAMS:
+        _PARAMS[shape] = param_count(model)
+    return _PARAMS[shape]
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """(fixed s, s per layer) of a process's start from (layers, overhead) points: least squares where they span
-    depths (neither part negative), else their median spread over 24 layers or more."""
+    """(fixed s, s per parameter) of a process's start from (parameters, overhead) points: least squares where they
+    span sizes (neither part negative), else their median all per parameter."""
     if not points:
         return None
-    xs = [max(x, 24) for x, _ in points]
+    xs = [x for x, _ in points]
     if len(set(xs)) < 2:
         return 0.0, statistics.median(y for _, y in points) / xs[0]
     slope, fixed = statistics.linear_regression(xs, [y for _, y in points])
@@ -212,14 +227,14 @@ def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
     step, src = table.step(cell)
     o = cell.run.options
     repeats = _timed(cell) if o.get("compare") != "step" else cell.run.warmup + o["rounds"] * cell.run.steps
-    return table.fresh_overhead(cell.run.model.resolved().layers) + 2 * repeats * step, f"own process; steps {src}"
+    return table.fresh_overhead(_params(cell.run)) + 2 * repeats * step, f"own process; steps {src}"
 
 
 def estimate(
     stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None
 ) -> list[Line]:
     """Every stage's lines (suite.campaign.STAGES): its tests, then each sweep's cells in the order they run (round
-    by round, the worker keeping one model shape at a time, L2L's cells emptying it), each with its rounds and
+    by round, grouped by shape in the worker, which keeps one model shape at a time), each with its rounds and
     estimated device seconds."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     table = CostTable(device, results_dir)
@@ -260,22 +275,24 @@ def estimate(
             fixed = set(per_cell)  # oom records and benchmarks: costed whole above
             n_rounds = rounds or exp.rounds
             for r in range(1, n_rounds + 1):
-                for cell in cells:
+                due = [
+                    c
+                    for c in cells
+                    if f"{s.experiment}/{c.row.name}" not in fixed and r <= (n_rounds if kind(c.kind).timed else 1)
+                ]
+                for cell in by_shape(due, r) if worker else due:
                     what = f"{s.experiment}/{cell.row.name}"
                     n = n_rounds if kind(cell.kind).timed else 1
-                    if what in fixed or r > n:
-                        continue
                     step, src = table.step(cell)
-                    layers = cell.run.model.resolved().layers
+                    params = _params(cell.run)
                     if worker and pooled(cell):
-                        shape = repr(cell.run.model.resolved())
-                        hosts = get_method(cell.run.method).hosts_state
-                        build = table.build(layers) if hosts or shape != last_shape else 0.0
-                        last_shape = None if hosts else shape
+                        shape = shape_of(cell)
+                        build = table.build(params) if shape != last_shape else 0.0
+                        last_shape = shape if 4 * params <= table.pool_limit else None  # built in FP32
                         start, started = (0.0 if started else table.start()), True
                         cost, how = _timed(cell) * step + WORKER_CELL_S + build + start, "worker"
                     else:
-                        cost, how = _timed(cell) * step + table.fresh_overhead(layers), "own process"
+                        cost, how = _timed(cell) * step + table.fresh_overhead(params), "own process"
                     peer = get_method(cell.run.method).peer is not None
                     line = per_cell.setdefault(what, Line(number, what, n, 0.0, f"{how}; steps {src}", peer))
                     line.seconds += cost

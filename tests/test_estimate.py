@@ -9,6 +9,7 @@ from suite import cli
 from suite.campaign import STAGES, Stage, Sweep
 from suite.core.experiment import get_experiment
 from suite.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
+from suite.harness.model import param_count
 
 
 def _record(tmp_path, cell, step_time, rounds, duration, status="partial: 1/3 rounds", throughput=20.0):
@@ -40,20 +41,43 @@ def test_a_measured_cell_costs_its_steps_and_one_build_in_the_worker(tmp_path):
     assert fresh["table2/baseline-fp32"].seconds == pytest.approx(3 * (steps * 2.0 + 16.0))  # a process per round
 
 
-def test_a_process_start_is_fitted_over_depths_and_the_worker_starts_once(tmp_path):
-    """Records at 24 and 48 layers whose starts took 10 + 0.25 s a layer: a fresh process at 96 layers costs 34 s;
-    the worker pays the 10 s once and only the build of each new shape."""
+def test_a_process_start_is_fitted_over_model_sizes_and_the_worker_starts_once(tmp_path):
+    """Records at 24 and 48 layers whose starts took 10 s plus 20 s a billion parameters: a fresh process at 96
+    layers costs 10 s plus its parameters' share; the worker pays the 10 s once and only the build of each new
+    shape."""
     table5 = get_experiment("table5")
     x1, x2, x4 = table5.cells("paper", ["stash-cpu-x1", "stash-cpu-x2", "stash-cpu-x4"], None, None)
-    for cell, layers in ((x1, 24), (x2, 48)):
-        _record(tmp_path, cell, step_time=1.0, rounds=1, duration=10.0 + 0.25 * layers + 3 * 1.0)
+    n = {c.row.name: param_count(c.run.model) / 1e9 for c in (x1, x2, x4)}
+    assert 0.3 < n["stash-cpu-x1"] < n["stash-cpu-x2"] < n["stash-cpu-x4"] < 1.3
+    for cell in (x1, x2):
+        _record(tmp_path, cell, step_time=1.0, rounds=1, duration=10.0 + 20.0 * n[cell.row.name] + 3 * 1.0)
     stages = {3: Stage("t", sweeps=(Sweep("table5", only=("stash-cpu-x1", "stash-cpu-x4")),))}
     fresh = {ln.what: ln for ln in estimate(stages, "h100", worker=False, results_dir=tmp_path)}
-    x4_steps = fresh["table5/stash-cpu-x4"].seconds - (10.0 + 0.25 * 96)
-    assert x4_steps > 0 and fresh["table5/stash-cpu-x1"].seconds == pytest.approx(10.0 + 0.25 * 24 + 3.0)
+    x4_steps = fresh["table5/stash-cpu-x4"].seconds - (10.0 + 20.0 * n["stash-cpu-x4"])
+    assert x4_steps > 0 and fresh["table5/stash-cpu-x1"].seconds == pytest.approx(10.0 + 20.0 * n["stash-cpu-x1"] + 3)
     pooled = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
-    assert pooled["table5/stash-cpu-x1"].seconds == pytest.approx(10.0 + 0.25 * 24 + 3.0 + WORKER_CELL_S)
-    assert pooled["table5/stash-cpu-x4"].seconds == pytest.approx(0.25 * 96 + x4_steps + WORKER_CELL_S)
+    start = 10.0 + 20.0 * n["stash-cpu-x1"]
+    assert pooled["table5/stash-cpu-x1"].seconds == pytest.approx(start + 3.0 + WORKER_CELL_S)
+    assert pooled["table5/stash-cpu-x4"].seconds == pytest.approx(20.0 * n["stash-cpu-x4"] + x4_steps + WORKER_CELL_S)
+
+
+def test_the_worker_builds_each_shape_once_a_round_and_l2l_takes_its_copy_from_the_pool(tmp_path):
+    """Table 3 (one shape): one build for the whole sweep, L2L's cells included; a model past the pool's limit
+    (an eighth of the target's host memory) is built for every cell."""
+    table3 = get_experiment("table3")
+    l2l, amp = table3.cells("paper", ["l2l-cmp-u1", "amp-rc-u1"], None, None)
+    steps = l2l.run.warmup + l2l.run.steps
+    _record(tmp_path, l2l, step_time=1.0, rounds=1, duration=16.0 + steps * 1.0)
+    _record(tmp_path, amp, step_time=1.0, rounds=1, duration=16.0 + steps * 1.0)
+    stages = {2: Stage("t", sweeps=(Sweep("table3", only=("l2l-cmp-u1", "amp-rc-u1")),))}
+    lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
+    assert lines["table3/l2l-cmp-u1"].seconds == pytest.approx(16.0 + 3 * (steps + WORKER_CELL_S))
+    assert lines["table3/amp-rc-u1"].seconds == pytest.approx(3 * (steps + WORKER_CELL_S))
+    env = tmp_path / "campaign" / "h100-test"
+    env.mkdir(parents=True)
+    (env / "environment.json").write_text(json.dumps({"machine": {"cpu": {"ram_bytes": 2**30}}}))  # 128 MiB pool
+    lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
+    assert lines["table3/amp-rc-u1"].seconds == pytest.approx(3 * (steps + WORKER_CELL_S + 16.0))
 
 
 def test_a_method_without_records_is_costed_at_its_table_then_its_precision(tmp_path):

@@ -8,7 +8,7 @@ from test_runner import make_experiment
 
 from suite.core import registry
 from suite.core.experiment import Row
-from suite.core.launcher import Worker, close_shared_worker, pooled
+from suite.core.launcher import Worker, by_shape, close_shared_worker, pooled
 from suite.core.request import SweepRequest
 from suite.sweep import sweep
 
@@ -41,21 +41,43 @@ def _sweep(tmp_path, rows, worker, **kw):
 
 
 def test_a_worker_gives_the_fresh_processes_records_bitwise_in_one_process(tmp_path):
-    rows = [Row("a", "grad_accum"), Row("b", "amp", {"precision": "bf16"}), Row("c", "l2l"), Row("d", "grad_accum")]
+    wide = {"model.hidden": 64}  # another shape: its cells grouped together in each round
+    rows = [
+        Row("a", "grad_accum"),
+        Row("w", "grad_accum", wide),
+        Row("b", "amp", {"precision": "bf16"}),
+        Row("c", "l2l"),
+        Row("p", "fsdp-offload", {"recompute": "on"}),  # a peer whose library leaves no state behind
+        Row("d", "grad_accum"),
+    ]
     fresh = _sweep(tmp_path / "fresh", rows, worker=False, rounds=1)
     pooled_ = _sweep(tmp_path / "pooled", rows, worker=True, rounds=2)
-    assert [r["status"] for r in pooled_] == ["ok"] * 4
-    # The losses are bitwise a fresh process's: the pool hands out exact copies with the build's generator state.
+    assert [r["status"] for r in pooled_] == ["ok"] * len(rows)
+    # The losses are bitwise a fresh process's: the pool hands out exact copies with the build's generator state,
+    # and the peer's one-rank process group is left after each cell and joined again by the next.
     for f, p in zip(fresh, pooled_):
         assert f["metrics"]["final_loss"] == p["metrics"]["final_loss"], f["row"]
-    workers = [p["provenance"]["worker"] for p in pooled_]
+    workers = {p["row"]: p["provenance"]["worker"] for p in pooled_}
     again = _sweep(tmp_path / "again", rows[:1], worker=True, rounds=1)[0]["provenance"]["worker"]
-    assert again["pid"] == workers[0]["pid"] and again["model_from_pool"]  # the next sweep shares the worker
-    assert len({w["pid"] for w in workers}) == 1  # one process for every cell-round
-    assert [w["pooled_model"] for w in workers] == [True, True, False, True]  # L2L keeps its host memory its own
-    # b copies the model a built (same shape), d builds it again after L2L emptied the pool
-    assert [w["model_from_pool"] for w in workers] == [False, True, False, False]
+    assert again["pid"] == workers["a"]["pid"]  # the next sweep shares the worker
+    assert len({w["pid"] for w in workers.values()}) == 1  # one process for every cell-round
+    # Round 1 (a record keeps its first round's provenance): the tiny shape built once and copied for every other
+    # cell of it, L2L and the peer among them, then the wide one; round 2 runs the groups backwards, so that it
+    # ends with the tiny shape, which the next sweep's cell finds in the pool.
+    assert not workers["a"]["model_from_pool"] and not workers["w"]["model_from_pool"]
+    assert all(workers[r]["model_from_pool"] for r in "bcpd")
+    assert [workers[r]["job"] for r in "abcpdw"] == [1, 2, 3, 4, 5, 6]
+    assert again["job"] == 13 and again["model_from_pool"]
     assert "worker" not in fresh[0]["provenance"]
+
+
+def test_a_round_groups_its_cells_by_shape_and_alternates_the_groups():
+    exp = make_experiment([Row("a", "grad_accum"), Row("w", "grad_accum", {"model.hidden": 64}), Row("b", "amp")])
+    cells = exp.cells("tiny", None, None, None)
+    assert [c.row.name for c in by_shape(cells, 1)] == ["a", "b", "w"]
+    assert [c.row.name for c in by_shape(cells, 2)] == ["w", "a", "b"]
+    assert pooled(next(c for c in exp.cells("tiny", None, ["method=fsdp-offload"], None)))
+    assert not pooled(next(c for c in exp.cells("tiny", None, ["method=deepspeed-offload"], None)))
 
 
 def test_a_dead_or_failing_cell_is_recorded_and_the_next_runs_in_a_new_worker(tmp_path, plugins):

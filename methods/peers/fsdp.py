@@ -25,6 +25,9 @@ class FSDPOffload(Method):
     shards_batch = True
     dist_check_module = "methods.peers.dist_check"
     steady_after = 1  # the first step's lazy init and all-gather buffers
+    # FSDP2 keeps its state on the module (a copy per cell) and in the process group, which the worker leaves
+    # after each cell: one-rank cells share the campaign's worker (tests/test_worker.py).
+    shares_worker = True
     options = {
         "offload": Option(
             "auto",
@@ -48,11 +51,9 @@ class FSDPOffload(Method):
         on the host, and what it adds on the device (a block's gathered weights) the count holds too."""
         if run.options.get("offload", "auto") == "off":
             return 0
-        from suite.harness.model import build_model
+        from suite.harness.model import param_count
 
-        with torch.device("meta"):
-            params = sum(p.numel() for p in build_model(run.model, run.seed).parameters())
-        return 16 * params
+        return 16 * param_count(run.model, run.seed)
 
     def __init__(self, model, run, device):
         from torch._subclasses.fake_tensor import unset_fake_temporarily

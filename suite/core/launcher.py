@@ -227,13 +227,30 @@ def close_shared_worker() -> None:
         _shared = None
 
 
+def shape_of(cell: Cell) -> str:
+    """What the worker's pool keeps one of at a time: the model's resolved shape (suite.harness.model.ModelPool)."""
+    return repr(cell.run.model.resolved())
+
+
+def by_shape(cells: list[Cell], r: int = 1) -> list[Cell]:
+    """Round `r`'s cells grouped by model shape, in the plan's order within each group and the groups in the order
+    of their first cells, reversed in even rounds, so that the worker's pool builds each shape once a round at most
+    and a round begins with the shape the last one ended with."""
+    first: dict[str, int] = {}
+    order = sorted(cells, key=lambda c: first.setdefault(shape_of(c), len(first)))
+    if r % 2:
+        return order
+    return sorted(order, key=lambda c: -first[shape_of(c)])
+
+
 def pooled(cell: Cell) -> bool:
-    """Whether a cell may run in a worker: a single-rank timed cell of one of our methods (several ranks need their
-    own processes; a peer's library keeps process-wide state, its process group among it; the benchmarks and
-    counts keep their processes)."""
+    """Whether a cell may run in a worker: a single-rank timed cell of one of our methods or of a peer whose
+    library keeps no process-wide state but its process group (Method.shares_worker; several ranks need their own
+    processes; the benchmarks and counts keep theirs)."""
     if not (kind(cell.kind).timed and world_of(cell) == 1 and registry.is_registered(cell.run.method)):
         return False
-    return registry.get(cell.run.method).peer is None
+    method = registry.get(cell.run.method)
+    return method.peer is None if method.shares_worker is None else method.shares_worker
 
 
 def run_cell_on_nodes(cell: Cell, timeout: float | None, coord: Coordinator, sweep_id: str, tag: str) -> Outcome:

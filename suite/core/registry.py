@@ -66,6 +66,10 @@ class Method(ABC):
     dist_check_module: ClassVar[str | None] = None
     # A peer: the field's own implementation (the library named here), run beside ours, never one of ours.
     peer: ClassVar[str | None] = None
+    # Whether its single-rank timed cells may share the campaign's long-lived worker (suite.core.worker) with other
+    # cells: ours do; a peer only where its library leaves nothing behind in the process but its process group,
+    # which the worker leaves after each cell (FSDP2 does; DeepSpeed keeps its own state and runs apart).
+    shares_worker: ClassVar[bool | None] = None  # None: ours share it, peers do not
     # The optional libraries (import names) the method needs: without one, unavailable() says so, and a campaign's
     # estimate costs its cells nothing on a target whose image lacks it (suite.estimate).
     requires: ClassVar[tuple[str, ...]] = ()

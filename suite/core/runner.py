@@ -12,6 +12,7 @@ from suite.core import registry
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
 from suite.core.launcher import (
+    by_shape,
     follow,
     kill_running,
     pooled,
@@ -135,6 +136,10 @@ class Rounds:
         done = self.done[cell.key]
         return r <= self.planned(cell) and len(done) < r and not (done and done[-1]["status"] != "ok")
 
+    def in_order(self, cells: list[Cell], r: int) -> list[Cell]:
+        """Round `r`'s cells in the plan's order or, with a worker, grouped by model shape (launcher.by_shape)."""
+        return cells if self.worker is None else by_shape(cells, r)
+
     def run(self) -> dict[str, Record]:
         """Every due cell-round, round by round; returns the records made."""
         records: dict[str, Record] = {}
@@ -149,7 +154,7 @@ class Rounds:
         completed = False
         try:
             for r in range(1, req.rounds + 1):
-                for cell in [c for c in self.todo if self.due(c, r)]:
+                for cell in self.in_order([c for c in self.todo if self.due(c, r)], r):
                     planned = self.planned(cell)
                     tag = self.tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
                     if req.deadline is not None and (self.left or time.time() + self.longest > req.deadline):

@@ -7,8 +7,8 @@ Each job's outcome is written to its `out` path (atomically), as a cell process 
 `provenance.worker` saying which worker and job it was and what its pool held. Between jobs the allocator's
 cache, its peak statistics and memory cap, and the host's peak resident set are reset. The runner's side
 (suite.core.launcher.Worker) starts it under the orphan guard, times each job out, and records a dead worker's
-job with its status; a method that keeps state on the host (L2L) runs with the pool emptied and off, so that its
-host memory is its own.
+job with its status. Every method takes its copy from the pool, L2L among them: the pool's pristine model stays
+resident through the job, so a job's host peak (`host_peak_gb`) holds `pool_held_bytes` besides its own.
 """
 
 from __future__ import annotations
@@ -39,27 +39,22 @@ def between_cells() -> bool:
 
 
 def run_job(job: dict, n: int) -> dict:
-    from suite.core import registry
     from suite.core.cell import execute
     from suite.harness import model
+    from suite.harness.device import leave_group
 
-    method = job["payload"].get("run", {}).get("method")
-    hosts = registry.is_registered(method) and registry.get(method).hosts_state
-    if hosts and model.POOL is not None:
-        model.POOL.clear()
-    pool, model.POOL = model.POOL, (None if hosts else model.POOL)
+    pool = model.POOL
     hits = pool.hits if pool is not None else 0
+    reset = between_cells()
     try:
-        reset = between_cells()
         outcome = execute(job["payload"])
     finally:
-        model.POOL = pool
+        leave_group()  # a peer's one-rank process group: the next cell that needs one joins its own
     held = model.POOL.held_bytes() if model.POOL is not None else 0
     if isinstance(outcome.get("provenance"), dict):
         outcome["provenance"]["worker"] = {
             "pid": os.getpid(),
             "job": n,
-            "pooled_model": not hosts,
             "model_from_pool": pool is not None and pool.hits > hits,  # a copy of a model built for an earlier job
             "pool_held_bytes": held,  # in the host's peak resident set (host_peak_gb) of this job
             "host_peak_reset": reset,

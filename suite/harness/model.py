@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -127,14 +128,22 @@ def _keyed_dropouts(module: nn.Module) -> None:
             _keyed_dropouts(child)
 
 
+def pool_limit(ram_bytes: int | None = None) -> int:
+    """The largest model (parameter bytes) a worker's pool keeps, on a host of `ram_bytes` (this one's if None)."""
+    if ram_bytes is None:
+        ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram_bytes // 8
+
+
 class ModelPool:
     """The built models a long-lived worker keeps (suite.core.worker): one shape at a time, each handed out as a deep
     copy of the pristine model with the generator state its build left, so that a cell gets bitwise what a fresh
     build gives, without the build (BERT-Large: 5.2 s to build, 0.4 s to copy on a 2-core CPU). Models past `limit`
-    parameter bytes are built anew every time (the pristine copy would hold the host's memory)."""
+    parameter bytes (an eighth of the host's memory: the pristine copy stays resident beside each cell's own) are
+    built anew every time."""
 
-    def __init__(self, limit: int = 8 * 2**30):
-        self.limit, self.key, self.model, self.rng = limit, None, None, None
+    def __init__(self, limit: int | None = None):
+        self.limit, self.key, self.model, self.rng = pool_limit() if limit is None else limit, None, None, None
         self.hits = self.builds = 0
 
     def get(self, cfg: ModelConfig, seed: int) -> "LayeredModel":
@@ -169,6 +178,12 @@ def build_model(cfg: ModelConfig, seed: int) -> LayeredModel:
     if POOL is not None:
         return POOL.get(cfg, seed)
     return _build(cfg, seed)
+
+
+def param_count(cfg: ModelConfig, seed: int = 0) -> int:
+    """The model's parameters, from a build on `meta` (sizes only, no memory, never from the pool)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in _build(cfg, seed).parameters())
 
 
 def _build(cfg: ModelConfig, seed: int) -> LayeredModel:

@@ -18,11 +18,9 @@ def _blocks(run, n: int):
 
 def params_billion(run) -> float:
     """The parameters of the run's model, from a build on `meta` (sizes only)."""
-    from suite.core.check import build_model
+    from suite.harness.model import param_count
 
-    with torch.device("meta"):
-        model = build_model(run.model, run.seed)
-    return sum(p.numel() for p in model.parameters()) / 1e9
+    return param_count(run.model, run.seed) / 1e9
 
 
 def search(fits, guess: int, least: int, most: int = 4096) -> int:
