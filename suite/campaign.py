@@ -296,6 +296,41 @@ def pack(results_dir: Path, machine: str, number: int, out: Path) -> Path:
     return path
 
 
+def precount_stages(stages: str, results_dir=None, timeout: float = 1800.0, progress=print) -> int:
+    """Count every capped cell of the stages (`all` or one) as the GPU will resolve it (`device=cuda`), on this
+    machine's cores, and store each count under results/campaign/precount/ for the GPU's sweeps to take
+    (suite.core.precount). Run it where torch and transformers are the GPU image's (`make gpu-precount`: the mimic
+    environment) at the commit the GPU will run, with a clean tree. Returns 0 when every count finished."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from suite.core import precount
+    from suite.core.launcher import run_cell
+    from suite.measure.provenance import code_digest, versions
+
+    results_dir = Path(results_dir or paths.RESULTS_DIR)
+    numbers = sorted(STAGES) if stages == "all" else [_stage_number(stages)]
+    mine = (code_digest(), *versions())
+    cells = []
+    for n in numbers:
+        for s in STAGES[n].sweeps:
+            exp = get_experiment(s.experiment)
+            got = exp.cells("paper", list(s.only) if s.only else None, ["device=cuda"], None)
+            cells += [c for c in precount.capped(got) if precount.load(results_dir, c, *mine) is None]
+    progress(
+        f"precount: {len(cells)} capped cell(s) of stage(s) {stages} to count for CUDA (torch {mine[1]}, "
+        f"transformers {mine[2]}, code {mine[0]}), {os.cpu_count()} at a time"
+    )
+    failed = 0
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        futures = [(c, pool.submit(run_cell, precount.count_of(c), timeout)) for c in cells]
+        for c, future in futures:
+            got = future.result()
+            precount.save(results_dir, c, got)
+            failed += got["status"] not in ("ok", "oom")
+            progress(f"precount | {c.experiment}/{c.row.name} | {got['status'].splitlines()[0]}")
+    return 1 if failed else 0
+
+
 def run(
     stages: str, dry: bool, budget: float, rounds: int | None, out: str | None, results_dir=None, worker: bool = True
 ) -> int:

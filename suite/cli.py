@@ -160,6 +160,8 @@ def _campaign(args) -> int:
 
         print(report(estimate(campaign.STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
         return 0
+    if args.precount:
+        return campaign.precount_stages(args.stage)
     return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out, worker=not args.fresh_processes)
 
 
@@ -293,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--estimate",
         action="store_true",
         help="run nothing: list every stage's cells with their estimated device seconds on --device",
+    )
+    g.add_argument(
+        "--precount",
+        action="store_true",
+        help="run no stage: count the stages' capped cells as CUDA runs them, here, for the GPU to take "
+        "(results/campaign/precount/; make gpu-precount runs it under the GPU image's versions)",
     )
     g.add_argument(
         "--device",

@@ -30,12 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from suite.config import paths
+from suite.core import precount
 from suite.core.experiment import Cell, get_experiment
 from suite.core.kinds import kind
 from suite.core.launcher import by_shape, pooled, shape_of
 from suite.core.registry import get as get_method
 from suite.harness.model import param_count, pool_limit
 from suite.measure import flops
+from suite.measure.provenance import code_digest
 from suite.records.schema import Record
 from suite.records.store import all_records, machine_of
 
@@ -89,6 +91,11 @@ class CostTable:
         self.machine = machine_of(recs[0]) if recs else None
         env = _environment(results_dir, self.machine)
         self.versions = env.get("versions") or {}
+        # Counts stored before the campaign (suite.core.precount) speak for the target where made by this code under
+        # the target's torch and transformers (its environment report; none without one).
+        target = env.get("machine") or {}
+        self.results_dir = results_dir
+        self.precount_as = (code_digest(), target["torch"], target.get("transformers")) if target.get("torch") else None
         self.pool_limit = pool_limit(((env.get("machine") or {}).get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM)
         self.peak_name = PEAK_OF.get(device, device)
         overheads, self.mfu_by_method, self.mfu_by_precision, self.mfu_by_table = [], {}, {}, {}
@@ -137,9 +144,17 @@ class CostTable:
         per_step = flops.per_sample(cell.run)["hardware_flops_per_sample"] * cell.run.batch_size
         return per_step / (peak * 1e12 * mfu), f"flops at {100 * mfu:.1f}% MFU ({whose})"
 
+    def precounted(self, cell: Cell) -> dict | None:
+        """The count stored for the target (suite.core.precount) that its sweep will take instead of counting."""
+        return precount.load(self.results_dir, cell, *self.precount_as) if self.precount_as else None
+
     def counted_past_cap(self, cell: Cell) -> bool:
-        """Whether a count record says the cell passes its cap, as the campaign's own count will: for a peer whose
-        offload a count bounds, only a count made against the cap plus that bound (`count_allowance_gb`) says so."""
+        """Whether a count says the cell passes its cap, as the campaign's own count will: the one stored for the
+        target, else the latest count record; for a peer whose offload a count bounds, only a count made against
+        the cap plus that bound (`count_allowance_gb`) says so."""
+        stored = self.precounted(cell)
+        if stored is not None:
+            return stored["status"] == "oom"
         rec = self.counted.get((cell.experiment, cell.row.name, "paper"))
         if rec is None or rec["status"] != "oom":
             return False
@@ -248,17 +263,26 @@ def estimate(
                 lines.append(Line(number, key.replace("_", " "), 1, took if took is not None else TESTS_S, src))
         for s in stage.sweeps:
             exp = get_experiment(s.experiment)
-            cells = [c for c in exp.cells("paper", list(s.only) if s.only else None, None, None) if not c.row.skip]
+            only = list(s.only) if s.only else None
+            cells = [
+                c for c in exp.cells("paper", only, ["device=cuda"], None) if not c.row.skip
+            ]  # as the GPU has them
             per_cell: dict[str, Line] = {}
-            capped = [
-                c
-                for c in cells
-                if c.run.device_memory
-                and not c.row.same_as
-                and get_method(c.run.method).count_allowance(c.run) is not None
-            ]
+            capped = [c for c in precount.capped(cells) if not c.row.same_as]
             if capped:
-                per_cell["counts"] = Line(number, f"{s.experiment}: counts of its capped cells", 1, COUNTS_S, "assumed")
+                left = [c for c in capped if table.precounted(c) is None]
+                what = f"{s.experiment}: counts of its capped cells"
+                if left:
+                    src = (
+                        f"assumed ({len(capped) - len(left)} of {len(capped)} counted before)"
+                        if len(left) < len(capped)
+                        else "assumed"
+                    )
+                    per_cell["counts"] = Line(number, what, 1, COUNTS_S * len(left) / len(capped), src)
+                else:
+                    per_cell["counts"] = Line(
+                        number, what, 0, 0.0, "counted before for the target (results/campaign/precount)"
+                    )
             for cell in cells:
                 what = f"{s.experiment}/{cell.row.name}"
                 if cell.row.same_as is not None:  # its twin (an earlier stage's table) is measured: reused

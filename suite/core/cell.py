@@ -197,10 +197,15 @@ def execute(payload: dict) -> Outcome:
     cap = None
     try:
         run = RunConfig.from_dict(payload["run"]).validate()
-        device = resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
+        name = payload.get("kind", "throughput")
+        # A count runs on fake tensors on the host whatever the run's device (one made for CUDA without CUDA too).
+        device = (
+            torch.device("cpu")
+            if kind(name).on_host
+            else resolve_device(run.device, int(os.environ.get("LOCAL_RANK", 0)))
+        )
         cap = apply_device_memory_cap(run.device_memory, device)
         torch.manual_seed(run.seed)
-        name = payload.get("kind", "throughput")
         if kind(name).watched:  # a benchmark's own times: the machine's load over the whole cell beside them
             with Watch() as watch:
                 record["metrics"] = KINDS.load(name)(run, device, cap)

@@ -14,12 +14,14 @@ class CellKind(Entry):
     builds its method (a projection), so there is nothing of the method to check before launch. `one_process`:
     launched as one process whatever the method's rank count (a count follows the ranks itself). `watched`: a
     benchmark whose figures are times of its own: the machine's load over the whole cell is recorded with them
-    (suite.measure.contention; a timed kind records it over its timed steps)."""
+    (suite.measure.contention; a timed kind records it over its timed steps). `on_host`: it runs on the host's CPU
+    whatever device the run names (fake tensors), so a count for a GPU can be made where there is none."""
 
     timed: bool = False
     builds_method: bool = True
     one_process: bool = False
     watched: bool = False
+    on_host: bool = False
 
 
 # A new kind is one line here and its function where it belongs; the function is imported when a cell runs.
@@ -27,15 +29,18 @@ KINDS = Catalogue(
     "cell kind",
     [
         ("throughput", CellKind("suite.core.cell:throughput_cell", timed=True)),
-        ("count", CellKind("suite.core.cell:count_cell", one_process=True)),
+        ("count", CellKind("suite.core.cell:count_cell", one_process=True, on_host=True)),
         ("finetune", CellKind("suite.tasks.finetune:finetune_cell")),
         ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),
         ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
         ("planned", CellKind("methods.pipeline.planner.check:planned_cell", watched=True)),
         ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
-        ("decoder-largest", CellKind("experiments.decoder_largest:largest", one_process=True)),
+        ("decoder-largest", CellKind("experiments.decoder_largest:largest", one_process=True, on_host=True)),
         ("l2l-projected", CellKind("methods.l2l.projection:projected_cell", builds_method=False)),
-        ("count-search", CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True)),
+        (
+            "count-search",
+            CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True, on_host=True),
+        ),
         (
             "bench-overhead",
             CellKind("experiments.benchmarks.overhead:overhead_cell", builds_method=False, watched=True),

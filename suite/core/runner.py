@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
-from suite.core import registry
+from suite.core import precount
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
 from suite.core.launcher import (
@@ -68,7 +68,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
             verb, how = "measuring", f"throughput cells in {req.rounds} interleaved round(s)"
         progress(f"{verb} {len(p.todo) + len(p.complete)} cell(s) on {fp['slug']}, sweep {p.sweep}: {how}")
     if req.precount and req.measure == "time":
-        for key, outcome in counted_past_cap(p.todo, req.timeout, progress).items():
+        for key, outcome in counted_past_cap(p.todo, req.timeout, progress, req.results_dir).items():
             records[key] = recorder.save(next(c for c in p.todo if c.key == key), outcome, final=True)
         p.todo = [c for c in p.todo if c.key not in records]
     for cell in p.complete:  # resumed with as many rounds as this call asks for: finished as it stands
@@ -78,33 +78,41 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     return cells, [records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) or pending for c in cells]
 
 
-def counted_past_cap(cells: list[Cell], timeout: float | None, progress: Callable[[str], None]) -> dict[str, Outcome]:
+def counted_past_cap(
+    cells: list[Cell], timeout: float | None, progress: Callable[[str], None], results_dir: Path | None = None
+) -> dict[str, Outcome]:
     """Count each capped timed cell of one of our methods on fake tensors (CPU seconds, no device), in parallel;
     return an `oom` outcome (counted) for each past its cap, which is then recorded without running. A peer's count
     on a CPU takes the host's allocations for the device's (docs/counting.md): one whose offload it can bound
-    (Method.count_allowance) is counted against its cap plus that bound, any other always runs."""
-    eligible = [
-        c
-        for c in cells
-        if c.run.device_memory and is_timed(c.kind) and registry.is_registered(c.run.method)
-        and registry.get(c.run.method).count_allowance(c.run) is not None
-    ]  # fmt: skip
+    (Method.count_allowance) is counted against its cap plus that bound, any other always runs. A count stored
+    before (suite.core.precount) by the same code under the same versions is taken instead of counting again."""
+    from suite.measure.provenance import code_digest, versions
+
+    eligible = precount.capped(cells)
     if not eligible:
         return {}
+    mine = (code_digest(), *versions())
+    stored = {c.key: precount.load(results_dir, c, *mine) for c in eligible} if results_dir else {}
+    fresh = [c for c in eligible if stored.get(c.key) is None]
+    if len(fresh) < len(eligible):
+        progress(
+            f"{len(eligible) - len(fresh)} of {len(eligible)} capped cell(s) counted before (results/campaign/precount)"
+        )
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        counts = {c.key: pool.submit(run_cell, dataclasses.replace(c, kind="count"), timeout) for c in eligible}
+        counts = {c.key: pool.submit(run_cell, precount.count_of(c), timeout) for c in fresh}
     out: dict[str, Outcome] = {}
     for c in eligible:
-        got = counts[c.key].result()
+        got = stored.get(c.key) or counts[c.key].result()
         if got["status"] != "oom":
             continue
+        where = " before, in results/campaign/precount" if stored.get(c.key) else ""
         out[c.key] = {
             "status": "oom",
-            "metrics": {**got["metrics"], "memory_kind": "counted (fake tensors): past the cap, not run"},
+            "metrics": {**got["metrics"], "memory_kind": f"counted (fake tensors){where}: past the cap, not run"},
             "error": f"not run: its count passed the {c.run.device_memory} device cap ({got['metrics']})",
             "provenance": got["provenance"],
         }
-        progress(f"{c.experiment}/{c.row.name}: oom (counted past its {c.run.device_memory} cap; not run)")
+        progress(f"{c.experiment}/{c.row.name}: oom (counted{where} past its {c.run.device_memory} cap; not run)")
     return out
 
 

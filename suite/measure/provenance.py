@@ -34,6 +34,11 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def versions() -> tuple[str, str | None]:
+    """torch's and transformers' versions as a record's provenance states them."""
+    return torch.__version__, _version("transformers")
+
+
 @functools.cache
 def code_digest() -> str:
     """A digest of the code as it is on disk (every file under CODE_PATHS but caches), git or no git: what a resume

@@ -1,0 +1,73 @@
+"""Counts of a campaign's capped cells made before the GPU is lent, and taken there in place of counting again.
+
+A sweep with `precount` counts each capped timed cell first (fake tensors, on the host's cores) and records one
+past its cap `oom` without running it (suite.core.runner.counted_past_cap). A count needs no device: the same
+count made on a CPU that runs the GPU image's torch and transformers (the mimic environment, `make gpu-precount`)
+with the cell as the GPU resolves it (`device=cuda`) is the GPU's count, so it is stored under
+results/campaign/precount/ and the GPU's sweep takes it where the code (provenance.code) and both versions match,
+instead of spending device time on it. Anything else is counted again there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from suite.core import registry
+from suite.core.experiment import Cell
+from suite.core.kinds import is_timed
+from suite.records.schema import Outcome
+
+FOLDER = Path("campaign") / "precount"
+
+
+def capped(cells: list[Cell]) -> list[Cell]:
+    """The timed cells under a device cap whose count speaks for the device: ours, and a peer whose offload a count
+    can bound (Method.count_allowance); any other peer always runs."""
+    return [
+        c
+        for c in cells
+        if c.run.device_memory and is_timed(c.kind) and registry.is_registered(c.run.method)
+        and registry.get(c.run.method).count_allowance(c.run) is not None
+    ]  # fmt: skip
+
+
+def count_of(cell: Cell) -> Cell:
+    """The count that stands for `cell` (its key names the stored precount)."""
+    return dataclasses.replace(cell, kind="count")
+
+
+def _path(results_dir: Path, cell: Cell) -> Path:
+    return Path(results_dir) / FOLDER / f"{count_of(cell).key}.json"
+
+
+def save(results_dir: Path, cell: Cell, outcome: Outcome) -> Path:
+    """Store `outcome`, the count of `cell`, with the cell it stands for."""
+    path = _path(results_dir, cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = {"experiment": cell.experiment, "row": cell.row.name, "cell_key": cell.key, "count_key": count_of(cell).key}
+    rec.update({k: outcome.get(k) for k in ("status", "metrics", "error", "provenance", "duration_s")})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def load(
+    results_dir: Path, cell: Cell, code: str, torch_version: str, transformers_version: str | None
+) -> Outcome | None:
+    """The stored count of `cell` if it was made by the same code (provenance.code) under the same torch and
+    transformers, and finished (fits, or `oom`); else None."""
+    path = _path(results_dir, cell)
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text())
+    prov = rec.get("provenance") or {}
+    same = (prov.get("code"), prov.get("torch"), prov.get("transformers")) == (
+        code,
+        torch_version,
+        transformers_version,
+    )
+    return rec if same and rec.get("status") in ("ok", "oom") else None
