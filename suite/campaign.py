@@ -10,13 +10,14 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 from suite.config import paths
 from suite.config.errors import ConfigError
-from suite.core.experiment import get_experiment
+from suite.core.experiment import Cell, get_experiment
 from suite.core.launcher import close_shared_worker
 from suite.core.request import SweepRequest
 from suite.estimate import estimate
@@ -34,8 +35,23 @@ CUDA_TESTS = (
     "tests/test_campaign_cuda.py",
 )
 COUNTED_TESTS = ("tests/test_counting_cuda.py",)  # counted against CUDA's allocator (#12), in stage 3
+# Its cells: Table 2's rows at a BERT-base shape, each measured on CUDA and counted beside it (the estimate costs
+# them too).
+COUNTED_SHAPE = ("device=cuda", "model.preset=bert-base", "seq_len=256", "model.layers=8", "warmup=1", "steps=1")
+COUNTED_ROWS = {
+    "baseline-fp32": ("micro_batch_size=4", "num_micro_batches=2"),
+    "baseline-amp": ("micro_batch_size=4", "num_micro_batches=2", "precision=fp16"),
+    "l2l-fp32": ("micro_batch_size=8",),
+    "l2l-cmp": ("micro_batch_size=8", "stash=cpu", "precision=fp16"),
+}
 BENCH_TESTS = ("tests/l2l/test_l2l_bench.py",)  # pytest-benchmark: the host update per parameter, an L2L step on CUDA
 JUNIT = {"failure": "failed", "error": "errors", "skipped": "skipped"}
+
+
+def counted_cells() -> list[Cell]:
+    """The counted-against-measured test's cells (tests/test_counting_cuda.py), one per row of COUNTED_ROWS."""
+    table2 = get_experiment("table2")
+    return [table2.cells("tiny", [row], [*COUNTED_SHAPE, *extra])[0] for row, extra in COUNTED_ROWS.items()]
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,7 @@ class Stage:
     cuda_tests: bool = False
     bench: bool = False
     counted: bool = False
+    counted_cells: Callable[[], list[Cell]] | None = None  # what the counted test runs (for the estimate)
     notes: tuple[str, ...] = field(default=())
 
 
@@ -84,6 +101,7 @@ STAGES = {
         ),
         bench=True,
         counted=True,
+        counted_cells=counted_cells,
     ),
     4: Stage(
         "Llama 3.2 1B and 3B at 4096 tokens under every one-GPU method and FSDP2, 80 GB: tokens/s, TFLOPS, MFU",

@@ -46,6 +46,9 @@ TESTS_S = 120.0  # assumed: a stage's tests where no report of the target machin
 DEFAULT_OVERHEAD_S = 15.0  # assumed where the target has no record: the H100 run's fresh processes took 14-18 s
 DEFAULT_MFU = 0.1  # assumed where the target has no record at all
 DEFAULT_RAM = 128 * 2**30  # assumed where the target's environment report does not say: the lent GPU machines' host
+BENCHMARKS, BENCHMARK_S = 3, 2.0  # assumed: the host benchmarks of L2L's microbenchmarks (pytest-benchmark's 1 s
+# max time each, with its calibration)
+BENCH_STEPS = 7  # their CUDA step breakdown: two warm-up steps and five timed ones (tests/l2l/test_l2l_bench.py)
 COUNTS_S = 30.0  # assumed: a sweep's counts of its capped cells, side by side on the host's cores, before it runs
 PEAK_OF = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # What the lent GPU's image lacks (docs/gpu-campaign.md; the mimic environment checks the same, Makefile MIMIC_ABSENT)
@@ -115,6 +118,11 @@ class CostTable:
         self.overhead = _fit(overheads)
         mfus = [m for ms in self.mfu_by_method.values() for m in ms]
         self.mfu_all = statistics.median(mfus) if mfus else None
+
+    def mfu_of(self, method: str) -> float | None:
+        """The median MFU the target's records of `method` reached, else of all its records."""
+        mfus = self.mfu_by_method.get(method)
+        return statistics.median(mfus) if mfus else self.mfu_all
 
     def _mfu(self, run: dict, throughput: float) -> float | None:
         from suite.config.run import RunConfig
@@ -234,6 +242,34 @@ def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str
     return part.get("seconds") if isinstance(part, dict) else None
 
 
+def _tests_seconds(key: str, table: CostTable, counted_cells=None) -> tuple[float, str]:
+    """A stage's pytest session where no report of the target says how long it took: its start (a process's fixed
+    part) and what its tests run. The counted-against-measured test runs each of its cells (the stage's
+    `counted_cells`) in a fresh process, its count beside it on the host; the L2L microbenchmarks are BENCHMARKS
+    pytest-benchmark timings of at most BENCHMARK_S each and one L2L step's breakdown at BERT-base, timed
+    BENCH_STEPS times."""
+    if key == "counted_vs_measured" and counted_cells is not None:
+        cells = counted_cells()
+        seconds = table.start() + sum(
+            table.fresh_overhead(_params(c.run)) + _timed(c) * table.step(c)[0] for c in cells
+        )
+        return seconds, f"{len(cells)} cells, each a fresh process (counted beside it); steps by FLOPs"
+    if key == "bench":
+        from suite.config.run import ModelConfig, RunConfig
+
+        run = RunConfig(
+            method="l2l", model=ModelConfig(preset="bert-base"), seq_len=128, micro_batch_size=32, num_micro_batches=4
+        )
+        step = (
+            flops.per_sample(run)["hardware_flops_per_sample"]
+            * run.batch_size
+            / ((flops.peak_tflops(table.peak_name, "fp32") or 1.0) * 1e12 * (table.mfu_of("l2l") or DEFAULT_MFU))
+        )
+        seconds = table.start() + BENCHMARKS * BENCHMARK_S + table.build(_params(run)) + BENCH_STEPS * step
+        return seconds, f"assumed: {BENCHMARKS} host benchmarks of at most {BENCHMARK_S:.0f} s, a BERT-base L2L step"
+    return TESTS_S, "assumed"
+
+
 def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
     """A benchmark in its own process: the overhead benchmark's repeats of both sides at the model's step time;
     another benchmark (its own host work) is assumed at TESTS_S / 2."""
@@ -259,8 +295,11 @@ def estimate(
         for flag, key in (("cuda_tests", "cuda_tests"), ("counted", "counted_vs_measured"), ("bench", "bench")):
             if getattr(stage, flag):
                 took = _report_seconds(results_dir, table.machine, number, key)
-                src = f"stage {number}'s report on {table.machine}" if took is not None else "assumed"
-                lines.append(Line(number, key.replace("_", " "), 1, took if took is not None else TESTS_S, src))
+                if took is not None:
+                    seconds, src = took, f"stage {number}'s report on {table.machine}"
+                else:
+                    seconds, src = _tests_seconds(key, table, stage.counted_cells)
+                lines.append(Line(number, key.replace("_", " "), 1, seconds, src))
         for s in stage.sweeps:
             exp = get_experiment(s.experiment)
             only = list(s.only) if s.only else None

@@ -202,3 +202,26 @@ def test_counts_stored_for_the_target_cost_nothing_and_say_which_cells_pass_thei
     (env / "environment.json").write_text(json.dumps({"machine": {"torch": "2.0.0", "transformers": transformers_v}}))
     lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
     assert lines["table3: counts of its capped cells"].seconds == COUNTS_S and lines["table3/amp-rc-u1"].rounds == 3
+
+
+def test_the_counted_test_is_costed_by_its_cells_until_a_report_says_what_it_took(tmp_path):
+    """Without a stage report, the counted-against-measured test costs a session's start and each of its cells in a
+    fresh process (the count runs beside it, on the host); with one, what the report says."""
+    from suite.campaign import counted_cells
+    from suite.estimate import CostTable, _params
+
+    (base,) = get_experiment("table2").cells("paper", ["baseline-fp32"], None, None)
+    _record(tmp_path, base, step_time=2.0, rounds=1, duration=16.0 + 4 * 2.0)
+    stages = {3: Stage("t", counted=True, counted_cells=counted_cells)}
+    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    table = CostTable("h100", tmp_path)
+    cells = counted_cells()
+    want = table.start() + sum(table.fresh_overhead(_params(c.run)) + 2 * table.step(c)[0] for c in cells)
+    assert line.what == "counted vs measured" and line.seconds == pytest.approx(want)
+    assert len(cells) == 4 and line.seconds > sum(table.build(_params(c.run)) for c in cells) > 0
+    (tmp_path / "campaign" / "h100-test").mkdir(parents=True)
+    (tmp_path / "campaign" / "h100-test" / "stage-3.json").write_text(
+        json.dumps({"counted_vs_measured": {"seconds": 77}})
+    )
+    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    assert line.seconds == 77 and line.source == "stage 3's report on h100-test"
