@@ -91,6 +91,13 @@ class CostTable:
             ):
                 self.counted[key] = r
         self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
+        # Any machine's latest record of a cell that took a known time: a host benchmark's cost before the target
+        # has run it (its host differs: said where it is used).
+        self.elsewhere: dict[tuple, Record] = {}
+        for r in every:
+            key = (r["experiment"], r["row"], r.get("profile"))
+            if r.get("duration_s") and r.get("finished", "") >= self.elsewhere.get(key, {}).get("finished", ""):
+                self.elsewhere[key] = r
         self.machine = machine_of(recs[0]) if recs else None
         env = _environment(results_dir, self.machine)
         self.versions = env.get("versions") or {}
@@ -274,7 +281,17 @@ def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
     """A benchmark in its own process: the overhead benchmark's repeats of both sides at the model's step time;
     another benchmark (its own host work) is assumed at TESTS_S / 2."""
     if cell.kind != "bench-overhead":
-        return TESTS_S / 2, "assumed (a host benchmark)"
+        key = (cell.experiment, cell.row.name, cell.profile)
+        rec = table.by_cell.get(key) or table.elsewhere.get(key)
+        if rec is None or not rec.get("duration_s"):
+            return TESTS_S / 2, "assumed (a host benchmark)"
+        where = machine_of(rec)
+        if where == table.machine:
+            return rec["duration_s"], "its record on the target (a host benchmark)"
+        cores = ((rec.get("machine") or {}).get("cpu") or {}).get("usable_cores")
+        return rec[
+            "duration_s"
+        ], f"its record on {where} ({cores} cores; a host benchmark, the target's host unmeasured)"
     step, src = table.step(cell)
     o = cell.run.options
     repeats = _timed(cell) if o.get("compare") != "step" else cell.run.warmup + o["rounds"] * cell.run.steps

@@ -225,3 +225,21 @@ def test_the_counted_test_is_costed_by_its_cells_until_a_report_says_what_it_too
     )
     (line,) = estimate(stages, "h100", results_dir=tmp_path)
     assert line.seconds == 77 and line.source == "stage 3's report on h100-test"
+
+
+def test_a_host_benchmark_costs_what_another_machine_took_until_the_target_ran_it(tmp_path):
+    (cell,) = get_experiment("bench-host-optim").cells("paper", ["layer-1-thread"], None, None)
+    stages = {3: Stage("t", sweeps=(Sweep("bench-host-optim", only=("layer-1-thread",)),))}
+    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    assert line.seconds == TESTS_S / 2 and line.source == "assumed (a host benchmark)"
+    folder = tmp_path / "runs" / "cpu-test"
+    folder.mkdir(parents=True)
+    rec = {
+        "key": cell.key, "experiment": cell.experiment, "row": cell.row.name, "method": cell.run.method,
+        "profile": "paper", "config": cell.resolved(), "finished": "now", "status": "ok", "rounds": 1,
+        "duration_s": 23.5, "metrics": {}, "machine": {"slug": "cpu-test", "cpu": {"usable_cores": 2}},
+        "device_type": "cpu", "variant": "", "provenance": {"methodology": "1"},
+    }  # fmt: skip
+    (folder / f"{cell.key}.json").write_text(json.dumps(rec))
+    (line,) = estimate(stages, "h100", results_dir=tmp_path)
+    assert line.seconds == 23.5 and line.source.startswith("its record on cpu-test (2 cores")
