@@ -148,6 +148,7 @@ EXPERIMENT = ProjectingExperiment(
         Metric("throughput", "projected (samples/s)", "{:.3g}", ratio=False, paper=False),
         Metric("reference", "reference (samples/s)", "{:.3g}", ratio=False, paper=False),
         Metric("error", "error", "{:+.1%}", ratio=False, paper=False),
+        Metric("error_to_spread", "error beyond the record's steps", "{:+.1%}", ratio=False, paper=False),
         Metric("busy_projected", "device busy (projected)", "{:.0%}", ratio=False, paper=False),
         Metric("step_time", "step (s)", "{:.3g}", ratio=False, paper=False),
         Metric("compute_s", "compute (s)", "{:.3g}", ratio=False, paper=False),
@@ -163,7 +164,11 @@ EXPERIMENT = ProjectingExperiment(
     notes=(
         "Projected, nothing measured: each row replays the relay's step (methods/l2l/projection.py) with the "
         "device's stated costs; `error` is the projection against its reference, the paper's figure or the "
-        "h100-79gb record's throughput (one or two rounds, the foreach host LAMB). Assumptions, per device: "
+        "h100-79gb record's throughput (one or two rounds, the foreach host LAMB); `error beyond the record's "
+        "steps` holds it to the throughputs of that record's slowest and fastest timed steps instead (0 inside "
+        "them: a record of one round and two to five steps cannot hold a projection closer). The paper's 4-GPU "
+        "rows are four relays on one host, which sums the three further GPUs' gradients before each update. "
+        "Assumptions, per device: "
         + " ".join(
             f"**{k}**: " + "; ".join(f"{part}: {why}" for part, why in d.sources.items()) + "."
             for k, d in DEVICES.items()

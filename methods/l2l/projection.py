@@ -42,6 +42,10 @@ class DeviceSpec:
     prepare_ns: float  # host ns per parameter: widen, unscale, norms
     commit_ns: dict[str, float]  # host ns per parameter of the update (with the 16-bit copy under CMP), by host_optim
     sources: dict[str, str] = field(default_factory=dict)
+    # Several GPUs on one host (the paper's 4-GPU rows): the host sums each further GPU's gradients into the first's
+    # before the update, reading the incoming gradient at the wire's precision and the FP32 sum and writing it back,
+    # at this effective host memory bandwidth.
+    reduce_gbps: float = 40.0
 
 
 # The H100 of this suite's records; the A100 and GH200 below are it with another GPU or link.
@@ -75,12 +79,14 @@ DEVICES = {
         d2h_gbps=11.0,
         prepare_ns=1.0,
         commit_ns={"paper": 5.0, "foreach": 3.0, "fused": 1.0},
+        reduce_gbps=25.0,
         sources={
             "tflops": "assumed: fp16 29% of the V100's 125 TFLOPS tensor peak (BERT-Large kernels of 2019-20, "
             "micro-batch 64 x 512), fp32 76% of its 15.7 TFLOPS",
             "link": "assumed: PCIe Gen3 x16, 11 GB/s effective of 15.75 per direction",
             "host": "assumed: 5 ns/param for the paper's per-tensor PyTorch LAMB (the suite's foreach LAMB, "
-            "3.0-3.8 ns/param on cpu-epyc, taken 1.5x slower on a 2019 host); prepare 1 ns/param",
+            "3.0-3.8 ns/param on cpu-epyc, taken 1.5x slower on a 2019 host); prepare 1 ns/param; several GPUs' "
+            "gradients summed on the host at 25 GB/s (a 2019 server's tensor add; the triad on cpu-epyc: 33-45 GB/s)",
         },
     ),
     "h100": H100,
@@ -131,8 +137,9 @@ class Relay:
     d2h: float
 
 
-def relay_of(run, spec: DeviceSpec, host_optim: str = "fused") -> Relay:
-    """The Relay of an L2L run (a RunConfig of `l2l` or `l2l-cmp`) on `spec`."""
+def relay_of(run, spec: DeviceSpec, host_optim: str = "fused", gpus: int = 1) -> Relay:
+    """The Relay of an L2L run (a RunConfig of `l2l` or `l2l-cmp`) on `spec`, one of `gpus` sharing its host (the
+    host then sums their gradients as each layer's land, before preparing its update)."""
     m = run.model.resolved()
     b, s, h = run.micro_batch_size, run.seq_len, m.hidden
     i = m.intermediate
@@ -144,6 +151,9 @@ def relay_of(run, spec: DeviceSpec, host_optim: str = "fused") -> Relay:
     forward = [0.0, *[b * block_flops(s, h, i) / rate] * m.layers, 0.0]
     nbytes = BYTES[run.precision]
     opts = {"stash": "gpu", "overlap": "off", **run.options}
+    reduce_ns = (
+        (gpus - 1) * (nbytes + 8) / spec.reduce_gbps
+    )  # ns per parameter: the gradient read, the sum read, written
     return Relay(
         params=params,
         forward_s=forward,
@@ -154,7 +164,7 @@ def relay_of(run, spec: DeviceSpec, host_optim: str = "fused") -> Relay:
         stash=opts["stash"],
         overlap=opts["overlap"] == "on",
         gated=run.precision == "fp16" or run.clip_grad_norm > 0,
-        prepare_s=[p * spec.prepare_ns * 1e-9 for p in params],
+        prepare_s=[p * (spec.prepare_ns + reduce_ns) * 1e-9 for p in params],
         commit_s=[p * spec.commit_ns[host_optim] * 1e-9 for p in params],
         h2d=spec.h2d_gbps * 1e9,
         d2h=spec.d2h_gbps * 1e9,
@@ -268,22 +278,34 @@ def project(r: Relay, steps: int = 4) -> Projection:
     return Projection(step, r.samples, compute_s / step, compute_s, h2d_s, d2h_s, host_s, max(busiest, key=busiest.get))
 
 
-def _reference(ref: dict) -> tuple[float | None, str]:
-    """The figure a projected row is held to: a published one, or the throughput of a committed record of a machine
-    (its median over the rounds it has)."""
+def _reference(ref: dict) -> tuple[float | None, str, tuple[float, float] | None]:
+    """The figure a projected row is held to, what it is, and for a record the throughputs of its slowest and
+    fastest timed steps: a published figure (no spread), or a committed record of a machine (its median over the
+    rounds it has)."""
     if ref.get("source") == "paper":
-        return ref["value"], ref["what"]
+        return ref["value"], ref["what"], None
     from suite.config.paths import RESULTS_DIR
     from suite.records.store import all_records, machine_of
 
     for rec in all_records(Path(RESULTS_DIR)):
+        m = rec.get("metrics") or {}
         if (
             machine_of(rec).startswith(ref["machine"])
             and (rec["experiment"], rec["row"], rec.get("profile")) == (ref["experiment"], ref["row"], "paper")
-            and isinstance((rec.get("metrics") or {}).get("throughput"), (int, float))
+            and isinstance(m.get("throughput"), (int, float))
         ):
-            return rec["metrics"]["throughput"], f"{ref['machine']} record {ref['experiment']}/{ref['row']}"
-    return None, f"no {ref['machine']} record of {ref['experiment']}/{ref['row']}"
+            spread = None
+            if all(isinstance(m.get(k), (int, float)) for k in ("step_time_median", "step_time_min", "step_time_max")):
+                samples = m["throughput"] * m["step_time_median"]
+                spread = (samples / m["step_time_max"], samples / m["step_time_min"])
+            return m["throughput"], f"{ref['machine']} record {ref['experiment']}/{ref['row']}", spread
+    return None, f"no {ref['machine']} record of {ref['experiment']}/{ref['row']}", None
+
+
+def _outside(value: float, spread: tuple[float, float]) -> float:
+    """How far `value` lies outside [low, high], relative to the end it passes; 0 inside."""
+    low, high = spread
+    return (value - high) / high if value > high else (value - low) / low if value < low else 0.0
 
 
 def projected_cell(run, device, cap) -> dict:
@@ -292,9 +314,9 @@ def projected_cell(run, device, cap) -> dict:
     held to its reference (a published figure, or a machine's record), with the error beside."""
     p = run.options["projection"]
     spec = DEVICES[p["device"]]
-    out = project(relay_of(run, spec, p.get("host_optim", "fused")))
     gpus = p.get("gpus", 1)
-    ref, what = _reference(p["reference"]) if p.get("reference") else (None, "none: a projection only")
+    out = project(relay_of(run, spec, p.get("host_optim", "fused"), gpus))
+    ref, what, spread = _reference(p["reference"]) if p.get("reference") else (None, "none: a projection only", None)
     throughput = gpus * out.throughput
     return {
         "throughput": throughput,
@@ -308,6 +330,10 @@ def projected_cell(run, device, cap) -> dict:
         "reference": ref,
         "reference_of": what,
         "error": (throughput - ref) / ref if ref else None,
+        # A record's steps spread: the projection against the nearest end of the throughputs its fastest and slowest
+        # timed steps give (0 inside), since no projection can be held closer than the measurement holds itself.
+        "reference_range": list(spread) if spread else None,
+        "error_to_spread": _outside(throughput, spread) if spread else None,
         "device_spec": spec.name,
         "assumptions": spec.sources,
     }

@@ -66,3 +66,30 @@ def test_the_cell_holds_a_row_to_its_reference():
     assert m["error"] == pytest.approx((m["throughput"] - 52.48) / 52.48)
     assert m["throughput"] == pytest.approx(4 * 64 / m["step_time"])
     assert set(m["assumptions"]) == {"tflops", "link", "host"}
+
+
+def test_gpus_sharing_a_host_pay_its_sum_of_their_gradients_before_each_update():
+    """Four relays on one host: the host sums three further gradients per parameter (gradient read at the wire's
+    precision, the FP32 sum read and written) at its bandwidth; one GPU pays nothing."""
+    spec = DEVICES["v100"]
+    one, four = (relay_of(_run(1, overlap="off"), spec, "paper", gpus) for gpus in (1, 4))
+    extra = [b - a for a, b in zip(one.prepare_s, four.prepare_s)]
+    params = sum(one.params)
+    assert sum(extra) == pytest.approx(3 * params * (2 + 8) / (spec.reduce_gbps * 1e9))
+    assert project(four).step_s == pytest.approx(project(one).step_s + sum(extra), rel=1e-6)  # Algorithm 2: serial
+
+
+def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
+    from methods.l2l import projection
+
+    monkeypatch.setattr(projection, "_reference", lambda ref: (40.0, "a record", (30.0, 45.0)))
+    run = dataclasses.replace(
+        _run(1), options={**_run(1).options, "projection": {"device": "h100", "reference": {"source": "record"}}}
+    )
+    m = projected_cell(run, None, None)
+    inside = 30.0 <= m["throughput"] <= 45.0
+    assert m["reference_range"] == [30.0, 45.0]
+    assert m["error_to_spread"] == (0.0 if inside else pytest.approx((m["throughput"] - 45.0) / 45.0))
+    assert projection._outside(50.0, (30.0, 45.0)) == pytest.approx(5 / 45)
+    assert projection._outside(27.0, (30.0, 45.0)) == pytest.approx(-0.1)
+    assert projection._outside(31.0, (30.0, 45.0)) == 0.0
