@@ -332,7 +332,7 @@ def precount_stages(stages: str, results_dir=None, timeout: float = 1800.0, prog
     for n in numbers:
         for s in STAGES[n].sweeps:
             exp = get_experiment(s.experiment)
-            got = exp.cells("paper", list(s.only) if s.only else None, ["device=cuda"], None)
+            got = precount.as_on_gpu(exp, list(s.only) if s.only else None)
             cells += [c for c in precount.capped(got) if precount.load(results_dir, c, *mine) is None]
     progress(
         f"precount: {len(cells)} capped cell(s) of stage(s) {stages} to count for CUDA (torch {mine[1]}, "

@@ -17,8 +17,10 @@ A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus
   fixed part (imports, CUDA's context) plus a part per parameter (the build) by least squares over the model
   sizes they ran at (one size: all of it per parameter); a cell in its own process (several ranks, an expected
   OOM, a benchmark) pays that whole overhead every round;
-- a cell the target machine recorded `oom` costs what that record took;
-- the tests of stages 1 and 3 cost what that machine's stage reports say they took, else TESTS_S.
+- a cell the target machine recorded `oom` costs what that record took; a sweep's counts of its capped cells
+  COUNTS_S, less the share stored before for the target (suite.core.precount), whose verdicts it then takes;
+- the tests of stages 1 and 3 cost what that machine's stage reports say they took, else what they run
+  (_tests_seconds); a host benchmark, its latest record's time on any machine (named).
 Every assumption is named in the line it shapes. The last line is `estimated device time: N s`.
 """
 
@@ -106,7 +108,7 @@ class CostTable:
         target = env.get("machine") or {}
         self.results_dir = results_dir
         self.precount_as = (code_digest(), target["torch"], target.get("transformers")) if target.get("torch") else None
-        self.pool_limit = pool_limit(((env.get("machine") or {}).get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM)
+        self.pool_limit = pool_limit((target.get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM)
         self.peak_name = PEAK_OF.get(device, device)
         overheads, self.mfu_by_method, self.mfu_by_precision, self.mfu_by_table = [], {}, {}, {}
         for r in recs:
@@ -279,19 +281,18 @@ def _tests_seconds(key: str, table: CostTable, counted_cells=None) -> tuple[floa
 
 def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
     """A benchmark in its own process: the overhead benchmark's repeats of both sides at the model's step time;
-    another benchmark (its own host work) is assumed at TESTS_S / 2."""
+    another benchmark (its own host work) what its latest record took, the target's or another machine's (named),
+    else TESTS_S / 2."""
     if cell.kind != "bench-overhead":
         key = (cell.experiment, cell.row.name, cell.profile)
         rec = table.by_cell.get(key) or table.elsewhere.get(key)
         if rec is None or not rec.get("duration_s"):
             return TESTS_S / 2, "assumed (a host benchmark)"
-        where = machine_of(rec)
+        took, where = rec["duration_s"], machine_of(rec)
         if where == table.machine:
-            return rec["duration_s"], "its record on the target (a host benchmark)"
+            return took, "its record on the target (a host benchmark)"
         cores = ((rec.get("machine") or {}).get("cpu") or {}).get("usable_cores")
-        return rec[
-            "duration_s"
-        ], f"its record on {where} ({cores} cores; a host benchmark, the target's host unmeasured)"
+        return took, f"its record on {where} ({cores} cores; a host benchmark, the target's host unmeasured)"
     step, src = table.step(cell)
     o = cell.run.options
     repeats = _timed(cell) if o.get("compare") != "step" else cell.run.warmup + o["rounds"] * cell.run.steps
@@ -319,10 +320,7 @@ def estimate(
                 lines.append(Line(number, key.replace("_", " "), 1, seconds, src))
         for s in stage.sweeps:
             exp = get_experiment(s.experiment)
-            only = list(s.only) if s.only else None
-            cells = [
-                c for c in exp.cells("paper", only, ["device=cuda"], None) if not c.row.skip
-            ]  # as the GPU has them
+            cells = [c for c in precount.as_on_gpu(exp, list(s.only) if s.only else None) if not c.row.skip]
             per_cell: dict[str, Line] = {}
             capped = [c for c in precount.capped(cells) if not c.row.same_as]
             if capped:

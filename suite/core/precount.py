@@ -34,6 +34,12 @@ def capped(cells: list[Cell]) -> list[Cell]:
     ]  # fmt: skip
 
 
+def as_on_gpu(experiment, only: list[str] | None) -> list[Cell]:
+    """An experiment's `paper` cells (`only` rows, or all) as a GPU machine resolves them (`device=cuda`), on any
+    machine: the keys its sweep records and its stored counts go by."""
+    return experiment.cells("paper", only, ["device=cuda"], None)
+
+
 def count_of(cell: Cell) -> Cell:
     """The count that stands for `cell` (its key names the stored precount)."""
     return dataclasses.replace(cell, kind="count")
