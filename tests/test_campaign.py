@@ -4,6 +4,7 @@ import json
 import tarfile
 import types
 
+import pytest
 from test_runner import make_experiment
 
 from suite import campaign, cli
@@ -15,36 +16,44 @@ from suite.measure.step import METHODOLOGY_VERSION
 from suite.sweep import sweep
 
 
-def test_dry_campaign_runs_every_stage_and_packs_its_results(tmp_path, monkeypatch):
+def _dry(tmp_path, monkeypatch, stages):
     monkeypatch.setenv("SUITE_MACHINE", "dry-machine")
     out, results = tmp_path / "out", tmp_path / "results"
-    seen = []
-    reports = [
-        campaign.run_stage(n, dry=True, results_dir=results, out=str(out), progress=seen.append)
-        for n in sorted(campaign.STAGES)
-    ]
+    seen: list[str] = []
+    reports = [campaign.run_stage(n, dry=True, results_dir=results, out=str(out), progress=seen.append) for n in stages]
     assert all(r["done"] for r in reports), [(r["stage"], r["left"]) for r in reports]
-    here = results / "campaign" / "dry-machine"
-    env = json.loads((here / "environment.json").read_text())
+    # every sweep's cells got a record and a summary line (the benchmarks' too)
+    cells = [c for r in reports for c in r["cells"]]
+    assert all(c["status"] == "ok" or c["status"].startswith("skipped") for c in cells), cells
+    names = {c["experiment"] for c in cells}
+    summaries = [m for m in seen if m.startswith("stage ") and any(f" | {e}/" in m for e in names)]
+    assert len(summaries) == len(cells)
+    # each stage's archive carries this machine's records and reports for the machine that lent the GPU
+    for n in stages:
+        with tarfile.open(out / f"campaign-dry-machine-stage-{n}.tgz") as tar:
+            tarred = tar.getnames()
+        assert f"results/campaign/dry-machine/stage-{n}.json" in tarred
+    assert any(n.startswith("results/runs/dry-machine/") and n.endswith(".json") for n in tarred)
+    return reports, names, results
+
+
+def test_dry_campaign_runs_its_stages_and_packs_their_results(tmp_path, monkeypatch):
+    """Stages 1, 2 and 4 (stage 3, the benchmarks' processes, in make test-slow)."""
+    reports, names, results = _dry(tmp_path, monkeypatch, [1, 2, 4])
+    env = json.loads((results / "campaign" / "dry-machine" / "environment.json").read_text())
     assert env["machine"]["slug"] == "dry-machine" and env["versions"]["torch"]
     assert reports[0]["cuda_tests"]["collected"] >= 10 and reports[0]["cuda_tests"]["exit"] == 0
-    # every sweep's cells got a record and a summary line (the benchmarks' too); stage 3 says what it could not run
-    cells = [c for r in reports for c in r["cells"]]
+    assert names == {"table2", "table3", "table6", "decoder"}
+
+
+@pytest.mark.slow
+def test_dry_campaign_stage_3_runs_the_benchmarks_and_collects_the_counted_test(tmp_path, monkeypatch):
+    reports, names, results = _dry(tmp_path, monkeypatch, [3])
     benchmarks = {"bench-host-optim", "bench-overhead"}
-    tables = {"table2", "table3", "table6", "table5", "table4", "decoder"}
-    assert {c["experiment"] for c in cells} == {*tables, *benchmarks}
-    assert all(c["status"] == "ok" or c["status"].startswith("skipped") for c in cells), cells
-    summaries = [m for m in seen if m.startswith("stage ") and any(f" | {e}" in m for e in (*tables, "bench-"))]
-    assert len(summaries) == len(cells)
+    assert names == {"table5", "table4", *benchmarks}
     assert all((results / f"{b}.md").exists() for b in benchmarks)
-    counted = reports[2]["counted_vs_measured"]  # the count against CUDA's allocator: collected on a dry run
+    counted = reports[0]["counted_vs_measured"]  # the count against CUDA's allocator: collected on a dry run
     assert counted["collected"] == 4 and counted["exit"] == 0, counted
-    # each stage's archive carries this machine's records and reports for the machine that lent the GPU
-    for n in sorted(campaign.STAGES):
-        with tarfile.open(out / f"campaign-dry-machine-stage-{n}.tgz") as tar:
-            names = tar.getnames()
-        assert f"results/campaign/dry-machine/stage-{n}.json" in names
-    assert any(n.startswith("results/runs/dry-machine/") and n.endswith(".json") for n in names)
 
 
 def _fake_cell(throughputs: dict, order: list, clock: list):

@@ -87,6 +87,7 @@ def test_the_recipe_is_chosen_on_held_out_train_never_dev(results_env, monkeypat
     assert dataclasses.replace(mean.run, model=cls.run.model) == cls.run
 
 
+@pytest.mark.slow  # the table's rows and values are checked above; this renders a whole sweep's
 def test_a_tiny_sweep_writes_the_table_with_the_papers_values(results_env):
     pytest.importorskip("datasets")  # the fine-tuning cells load GLUE through it
     rows = ["rte-baseline-fp32", "rte-baseline-amp"]

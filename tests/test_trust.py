@@ -230,8 +230,15 @@ def test_a_corrupt_record_gets_one_warning_and_its_cell_is_measured_again(tmp_pa
     assert json.loads(path.read_text())["status"] == "ok"
 
 
-@pytest.mark.parametrize("worker", [False, True])  # a fresh cell process, or the long-lived worker
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize(  # a fresh cell process, or the long-lived worker; the other pairs in make test-slow
+    "sig,worker",
+    [
+        (signal.SIGKILL, True),
+        (signal.SIGTERM, False),
+        pytest.param(signal.SIGKILL, False, marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, True, marks=pytest.mark.slow),
+    ],
+)
 def test_killing_the_runner_ends_its_cell_and_writes_no_record(tmp_path, sig, worker):
     pidfile = tmp_path / "cell.pid"
     script = textwrap.dedent(f"""

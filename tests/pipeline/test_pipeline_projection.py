@@ -117,6 +117,7 @@ def test_max_layers_is_the_last_count_that_fits():
     assert max_layers(make, "pipedream-2bw", 2, 1, 2, 2, False, cap) == 37
 
 
+@pytest.mark.slow  # the projected cells are checked above; this renders a whole sweep's table and figure
 def test_sweep_writes_table_and_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_cell", lambda c, timeout=None: cell_mod.execute(c.resolved()))
     for exp in (fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw):
