@@ -170,6 +170,7 @@ def test_each_pipeline_stage_counted_as_its_torchrun_rank_measures_it(method):
         assert mine <= real <= mine + in_flight, (counted, record["metrics"]["rank_memory"], in_flight)
 
 
+@pytest.mark.slow  # a table end to end as counts (the runner's and the precount's counts run in the default tests)
 def test_measure_count_runs_a_table_as_counted_cells(tmp_path, monkeypatch):
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
@@ -207,7 +208,14 @@ def test_measure_count_refuses_cells_that_build_no_method():
         counted(get_experiment("table7").cells("tiny"))
 
 
-@pytest.mark.parametrize("method", ["gpipe", "pipedream-flush", "pipedream-2bw"])
+@pytest.mark.parametrize(  # 2BW (two weight versions) in the default run; the other schedules in make test-slow
+    "method",
+    [
+        pytest.param("gpipe", marks=pytest.mark.slow),
+        pytest.param("pipedream-flush", marks=pytest.mark.slow),
+        "pipedream-2bw",
+    ],
+)
 def test_the_counted_stages_hold_the_worst_one(method):
     """Method.counted_ranks of a pipeline names the first stage of each kind (first, last, each distinct set of
     middle layers); every stage counted, none of the others holds more than the counted one of its kind."""
