@@ -120,3 +120,25 @@ def test_table5_two_depths_end_to_end(tmp_path, monkeypatch):
     assert "| baseline-x2 | amp | BASELINE |" in table and "| oom |" in table and "| OOM |" in table
     assert "9.23" in table and "not run" in table  # the paper's values, and the rows left out by `only`
     assert (tmp_path / "figures" / "table5_memory_vs_depth.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("profile", ["tiny", "paper"])
+def test_table2_runs_the_papers_relay_and_changes_one_setting_per_variant(profile):
+    """Table 2's L2L rows take the paper's settings from the method's defaults (Algorithm 2, the stash on the device:
+    a default changed would change them silently, so this holds them); each variant row differs from its paper
+    row in the options it names and nothing else, and every row's labels say its stash and overlap."""
+    from experiments.table2 import PAPER_RELAY, VARIANTS
+
+    exp = get_experiment("table2")
+    cells = {c.row.name: c for c in exp.cells(profile)}
+    for name in ("l2l-fp32", "l2l-cmp"):
+        cls = registry.get(cells[name].run.method)
+        assert {k: cells[name].run.options.get(k, cls.options[k].default) for k in PAPER_RELAY} == PAPER_RELAY
+        assert {k: cells[name].row.labels[k] for k in PAPER_RELAY} == PAPER_RELAY
+    for name, method, _, options in VARIANTS:
+        paper = cells["l2l-fp32" if method == "l2l" else "l2l-cmp"]
+        variant = cells[name]
+        assert dataclasses.replace(variant.run, options={}) == dataclasses.replace(paper.run, options={})
+        assert variant.run.options == options and options != PAPER_RELAY
+        assert {k: variant.row.labels[k] for k in options} == options
+    assert all(set(PAPER_RELAY) <= set(c.row.labels) for c in cells.values())
