@@ -34,7 +34,7 @@ CUDA_TESTS = (
     "tests/pipeline/test_pipeline_exec_cuda.py",
     "tests/test_campaign_cuda.py",
 )
-COUNTED_TESTS = ("tests/test_counting_cuda.py",)  # counted against CUDA's allocator (#12), in stage 3
+COUNTED_TESTS = ("tests/test_counting_cuda.py",)  # counted against CUDA's allocator, in stage 1
 # Its cells: Table 2's rows at a BERT-base shape, each measured on CUDA and counted beside it (the estimate costs
 # them too).
 COUNTED_SHAPE = ("device=cuda", "model.preset=bert-base", "seq_len=256", "model.layers=8", "warmup=1", "steps=1")
@@ -78,32 +78,42 @@ class Stage:
     notes: tuple[str, ...] = field(default=())
 
 
+# In the order of what a lent GPU's minutes are worth (the tests first, then inner looping, the paper's headline
+# table, depth), each stage one command; a session of 15 device minutes runs stage 1 and one or two more.
 STAGES = {
-    1: Stage("environment report and every cuda test", cuda_tests=True),
+    1: Stage(
+        "environment report, every cuda test, counted against measured, L2L's microbenchmarks",
+        cuda_tests=True,
+        counted=True,
+        counted_cells=counted_cells,
+        bench=True,
+    ),
     2: Stage(
-        "paper-profile cells of L2L Tables 2, 3 and 6 (BERT-Large shapes, random weights) under the 16 GB cap",
+        "L2L Table 3 (inner looping against AMP recomputing per layer), Table 4's one-GPU rows and Table 6, "
+        "paper profile (BERT-Large shapes, random weights) under the 16 GB cap",
         sweeps=(
-            Sweep("table2", dry_only=("baseline-fp32",)),
             Sweep("table3", dry_only=("l2l-cmp-u1",)),
+            Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
             Sweep("table6", dry_only=("turing-17b",)),
         ),
     ),
     3: Stage(
-        "Table 5 to 384 layers, Table 4's one-GPU rows, the host-optimizer and overhead benchmarks, L2L's "
-        "microbenchmarks, counted against measured",
+        "L2L Table 2 with the relay's settings varied in the same rounds, and the host-optimizer benchmark",
         sweeps=(
-            Sweep("table5", dry_only=("stash-cpu-x1",)),
-            Sweep("table4", only=("1-rank-u1", "1-rank-u2", "1-rank-u4"), dry_only=("1-rank-u1",)),
+            Sweep("table2", dry_only=("baseline-fp32", "l2l-cmp-overlap")),
             # The layer rows only: the whole model's rows take minutes of host time each, past a stage's budget
             # (`suite run bench-host-optim --only 'model-*'` runs them on their own).
             Sweep("bench-host-optim", only=("layer-1-thread", "layer-all-threads"), dry_only=("layer-1-thread",)),
-            Sweep("bench-overhead", dry_set=("steps=2", "warmup=1", "rounds=2")),
         ),
-        bench=True,
-        counted=True,
-        counted_cells=counted_cells,
     ),
     4: Stage(
+        "L2L Table 5 to 384 layers and the harness's overhead benchmark",
+        sweeps=(
+            Sweep("table5", dry_only=("stash-cpu-x1",)),
+            Sweep("bench-overhead", dry_set=("steps=2", "warmup=1", "rounds=2")),
+        ),
+    ),
+    5: Stage(
         "Llama 3.2 1B and 3B at 4096 tokens in bf16 (AMP, L2L-CMP, FSDP2), 80 GB: tokens/s, TFLOPS, MFU",
         sweeps=(
             Sweep(

@@ -19,7 +19,7 @@ A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus
   OOM, a benchmark) pays that whole overhead every round;
 - a cell the target machine recorded `oom` costs what that record took; a sweep's counts of its capped cells
   COUNTS_S, less the share stored before for the target (suite.core.precount), whose verdicts it then takes;
-- the tests of stages 1 and 3 cost what that machine's stage reports say they took, else what they run
+- the tests of stage 1 cost what that machine's stage reports say they took, else what they run
   (_tests_seconds); a host benchmark, its latest record's time on any machine (named).
 Every assumption is named in the line it shapes. The last line is `estimated device time: N s`.
 """

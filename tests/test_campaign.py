@@ -38,22 +38,24 @@ def _dry(tmp_path, monkeypatch, stages):
 
 
 def test_dry_campaign_runs_its_stages_and_packs_their_results(tmp_path, monkeypatch):
-    """Stages 1, 2 and 4 (stage 3, the benchmarks' processes, in make test-slow)."""
-    reports, names, results = _dry(tmp_path, monkeypatch, [1, 2, 4])
+    """Stages 1, 2 and 5 (stages 3 and 4, with the benchmarks' processes, in make test-slow)."""
+    reports, names, results = _dry(tmp_path, monkeypatch, [1, 2, 5])
     env = json.loads((results / "campaign" / "dry-machine" / "environment.json").read_text())
     assert env["machine"]["slug"] == "dry-machine" and env["versions"]["torch"]
-    assert reports[0]["cuda_tests"]["collected"] >= 10 and reports[0]["cuda_tests"]["exit"] == 0
-    assert names == {"table2", "table3", "table6", "decoder"}
+    first = reports[0]
+    assert first["cuda_tests"]["collected"] >= 10 and first["cuda_tests"]["exit"] == 0
+    counted = first["counted_vs_measured"]  # the count against CUDA's allocator: collected on a dry run
+    assert counted["collected"] == 4 and counted["exit"] == 0, counted
+    assert first["bench"]["exit"] == 0 and first["bench"]["collected"], first["bench"]
+    assert names == {"table3", "table4", "table6", "decoder"}
 
 
 @pytest.mark.slow
-def test_dry_campaign_stage_3_runs_the_benchmarks_and_collects_the_counted_test(tmp_path, monkeypatch):
-    reports, names, results = _dry(tmp_path, monkeypatch, [3])
+def test_dry_campaign_stages_3_and_4_run_table2_table5_and_the_benchmarks(tmp_path, monkeypatch):
+    reports, names, results = _dry(tmp_path, monkeypatch, [3, 4])
     benchmarks = {"bench-host-optim", "bench-overhead"}
-    assert names == {"table5", "table4", *benchmarks}
+    assert names == {"table2", "table5", *benchmarks}
     assert all((results / f"{b}.md").exists() for b in benchmarks)
-    counted = reports[0]["counted_vs_measured"]  # the count against CUDA's allocator: collected on a dry run
-    assert counted["collected"] == 4 and counted["exit"] == 0, counted
 
 
 def _fake_cell(throughputs: dict, order: list, clock: list):
@@ -110,8 +112,8 @@ def test_rounds_of_another_methodology_are_not_resumed(tmp_path, monkeypatch):
 
 
 def test_bad_stage_and_a_gpu_stage_without_a_gpu_fail_in_one_line(capsys, monkeypatch):
-    assert cli.main(["campaign", "--stage", "5"]) == 2
-    assert "--stage '5': give one of [1, 2, 3, 4] or 'all'" in capsys.readouterr().err
+    assert cli.main(["campaign", "--stage", "6"]) == 2
+    assert "--stage '6': give one of [1, 2, 3, 4, 5] or 'all'" in capsys.readouterr().err
     monkeypatch.setattr(campaign, "fingerprint", lambda: {"slug": "cpu-box", "gpu": None})
     assert cli.main(["campaign", "--stage", "2"]) == 2
     err = capsys.readouterr().err.strip()
