@@ -37,7 +37,7 @@ from suite.core.experiment import Cell, get_experiment
 from suite.core.kinds import kind
 from suite.core.launcher import by_shape, pooled, shape_of
 from suite.core.registry import get as get_method
-from suite.harness.model import param_count, pool_limit
+from suite.harness.model import param_count, pool_limit, shape_key
 from suite.measure import flops
 from suite.measure.provenance import code_digest
 from suite.records.schema import Record
@@ -215,7 +215,7 @@ def _params(run) -> int:
     from suite.config.run import RunConfig
 
     model = (RunConfig.from_dict(run) if isinstance(run, dict) else run).model
-    shape = repr(model.resolved())
+    shape = shape_key(model)
     if shape not in _PARAMS:
         _PARAMS[shape] = param_count(model)
     return _PARAMS[shape]
@@ -345,7 +345,8 @@ def estimate(
                 elif (why := table.absent(cell)) is not None:
                     per_cell[what] = Line(number, what, 0, 0.0, why)
                 elif cell in capped and table.counted_past_cap(cell):
-                    per_cell[what] = Line(number, what, 0, 0.0, "counted past its cap (a count record): not run")
+                    by = "a stored precount" if table.precounted(cell) is not None else "a count record"
+                    per_cell[what] = Line(number, what, 0, 0.0, f"counted past its cap ({by}): not run")
                 elif (oom := table.oom(cell)) is not None:
                     per_cell[what] = Line(number, what, 1, oom, "its oom record (a fresh process)")
                 elif not kind(cell.kind).builds_method:

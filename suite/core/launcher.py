@@ -19,6 +19,7 @@ from suite.core import registry
 from suite.core.experiment import Cell
 from suite.core.kinds import kind
 from suite.core.nodes import Coordinator
+from suite.harness.model import shape_key
 from suite.records.schema import Outcome, problems
 
 
@@ -228,8 +229,8 @@ def close_shared_worker() -> None:
 
 
 def shape_of(cell: Cell) -> str:
-    """What the worker's pool keeps one of at a time: the model's resolved shape (suite.harness.model.ModelPool)."""
-    return repr(cell.run.model.resolved())
+    """What the worker's pool keeps one of at a time: the model's shape (suite.harness.model.ModelPool)."""
+    return shape_key(cell.run.model)
 
 
 def by_shape(cells: list[Cell], r: int = 1) -> list[Cell]:

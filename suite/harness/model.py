@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from suite.config import host
 from suite.config.run import ModelConfig
 from suite.harness import rng
 from suite.harness.data import MicroBatch
@@ -128,10 +128,15 @@ def _keyed_dropouts(module: nn.Module) -> None:
             _keyed_dropouts(child)
 
 
+def shape_key(cfg: ModelConfig) -> str:
+    """A model's resolved shape as text: what the pool keeps one of, and what the worker and the estimate group by."""
+    return repr(cfg.resolved())
+
+
 def pool_limit(ram_bytes: int | None = None) -> int:
     """The largest model (parameter bytes) a worker's pool keeps, on a host of `ram_bytes` (this one's if None)."""
     if ram_bytes is None:
-        ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ram_bytes = host.ram_bytes() or 0  # unknown: keep nothing
     return ram_bytes // 8
 
 
@@ -149,7 +154,7 @@ class ModelPool:
     def get(self, cfg: ModelConfig, seed: int) -> "LayeredModel":
         import copy
 
-        key = (repr(cfg.resolved()), seed)
+        key = (shape_key(cfg), seed)
         if key != self.key:
             self.clear()
             model = _build(cfg, seed)

@@ -10,6 +10,8 @@ from importlib import metadata
 
 import torch
 
+from suite.config.host import ram_bytes
+
 # CPU flags that change which kernels torch picks (and so the answer): bf16 autocast on an AVX2-only
 # CPU ran at 0.26x FP32 where AVX512-BF16 or AMX runs it natively.
 KERNEL_FLAGS = (
@@ -41,25 +43,6 @@ def _cpuinfo() -> list[dict[str, str]]:
     return cpus
 
 
-def _ram_bytes() -> int | None:
-    """Physical memory, or the cgroup's limit when that is lower (what a process here can actually use)."""
-    total = None
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            raw = open(path).read().strip()
-        except OSError:
-            continue
-        if raw.isdigit() and (total is None or int(raw) < total):
-            total = int(raw)
-    return total
-
-
 def _version(pkg: str) -> str | None:
     try:
         return metadata.version(pkg)
@@ -85,7 +68,7 @@ def cpu_fingerprint() -> dict:
         "usable_cores": affinity,
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "ram_bytes": _ram_bytes(),
+        "ram_bytes": ram_bytes(),
     }
 
 
