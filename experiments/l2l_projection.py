@@ -1,8 +1,9 @@
-"""`make l2l-projection`: L2L's step projected on the paper's V100, the H100 of this suite's records, an A100 and a
-GH200 (methods/l2l/projection.py), each row held to the figure it can be: the paper's, or a record's."""
+"""`make l2l-projection`: L2L's step projected on the paper's V100, the H100 of this suite's records, an H200, an A100
+and a GH200 (methods/l2l/projection.py), each row held to the figure it can be: the paper's, or a record's."""
 
 from __future__ import annotations
 
+from experiments import table2, table3
 from methods.l2l.projection import DEVICES
 from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
 
@@ -10,6 +11,13 @@ BERT_LARGE = {"model.preset": "bert-large", "seq_len": 512, "optimizer": "lamb",
 # The paper's L2L: Algorithm 2 (the host updates after the backward), micro-batches of 64; its Table 3 keeps the
 # stash on the host (its memory, 3.69 GB, is Table 5's stash-on-CPU figure).
 PAPER_L2L = {"overlap": "off", "stash": "cpu"}
+# Table 2's L2L rows (row, method, stash and overlap) and Table 3's options, as those tables run them.
+TABLE2_RELAYS = (
+    ("l2l-fp32", "l2l", table2.PAPER_RELAY),
+    ("l2l-cmp", "l2l-cmp", table2.PAPER_RELAY),
+    *((row, method, options) for row, method, _, options in table2.VARIANTS),
+)
+TABLE3_L2L = table3.L2L_OPTIONS
 # The paper's throughputs (samples/s): Table 4's single V100, Tables 2 and 3 over 4.
 PAPER_1GPU = {1: 14.57, 2: 18.6, 4: 22.07}
 PAPER_4GPU = {("cmp", 1): 52.48, ("cmp", 2): 70.97, ("cmp", 4): 84.91, ("fp32", 1): 22.5}
@@ -36,8 +44,9 @@ def _row(name, device, precision, u, options, layers=24, host_optim="fused", gpu
     )
 
 
-def _record(experiment, row):
-    return {"source": "record", "machine": "h100-79gb", "experiment": experiment, "row": row}
+def _record(experiment, row, machine="h100-79gb", harness="first"):
+    """A record reference: `machine` a slug's prefix, `harness` the first GPU run's or today's (projection._HARNESS)."""
+    return {"source": "record", "machine": machine, "experiment": experiment, "row": row, "harness": harness}
 
 
 def _paper(value, what):
@@ -127,6 +136,32 @@ def rows(profile: str) -> list[Row]:
             for x in (1, 2, 4)
         ),
     ]
+    # Today's relay (fused host LAMB, lowest landed layer first) at Tables 2 and 3's settings on each kind of GPU a
+    # campaign is lent, held to that GPU's record of the same row by today's harness once one is committed (the
+    # campaign's stages 2 and 3 make them; `make l2l-projection RUN_FLAGS=--force` then holds the rows to them).
+    for device in ("h100", "h200"):
+        out += [
+            _row(
+                f"{device}-now-t2-{row}",
+                device,
+                "fp32" if method == "l2l" else "fp16",
+                1,
+                options,
+                reference=_record("table2", row, f"{device}-", "current"),
+            )
+            for row, method, options in TABLE2_RELAYS
+        ]
+        out += [
+            _row(
+                f"{device}-now-t3-cmp-u{u}",
+                device,
+                "fp16",
+                u,
+                TABLE3_L2L,
+                reference=_record("table3", f"l2l-cmp-u{u}", f"{device}-", "current"),
+            )
+            for u in (1, 2, 4)
+        ]
     # Today's relay (fused host LAMB, overlap on, lowest landed layer first) on each GPU: projections only.
     for device in ("h100", "a100", "gh200"):
         for precision in ("fp16", "bf16", "fp32"):
@@ -142,7 +177,7 @@ def base(profile: str) -> dict:
 
 EXPERIMENT = ProjectingExperiment(
     name="l2l-projection",
-    title="L2L projected: the relay's step on a V100, an H100, an A100 and a GH200 (BERT-Large, projected)",
+    title="L2L projected: the relay's step on a V100, an H100, an H200, an A100 and a GH200 (BERT-Large, projected)",
     source="methods/l2l/projection.py; the L2L paper's Tables 2-4 (4x and 1x V100-16GB) and the h100-79gb records",
     metrics=[
         Metric("throughput", "projected (samples/s)", "{:.3g}", ratio=False, paper=False),

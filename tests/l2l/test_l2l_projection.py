@@ -93,3 +93,40 @@ def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
     assert projection._outside(50.0, (30.0, 45.0)) == pytest.approx(5 / 45)
     assert projection._outside(27.0, (30.0, 45.0)) == pytest.approx(-0.1)
     assert projection._outside(31.0, (30.0, 45.0)) == 0.0
+
+
+def test_a_record_reference_takes_the_harness_it_names_and_the_latest_of_several(monkeypatch):
+    """The first GPU run's records say nothing of their harness; today's do (provenance.harness). A row held to the
+    first run keeps its record when a GPU of the same kind commits new ones; a row held to today's takes the newest."""
+    from methods.l2l import projection
+    from suite.records import store
+
+    def rec(slug, throughput, finished, harness):
+        prov = {"harness": {"dropout": {}}} if harness else {}
+        return {
+            "machine": {"slug": slug},
+            "experiment": "table3",
+            "row": "l2l-cmp-u1",
+            "profile": "paper",
+            "metrics": {"throughput": throughput},
+            "finished": finished,
+            "provenance": prov,
+        }
+
+    records = [
+        rec("h100-79gb", 48.9, "2026-11-23", False),
+        rec("h100-79gb", 60.0, "2026-12-01", True),
+        rec("h100-80gb", 61.0, "2026-12-02", True),
+        rec("h200-140gb", 70.0, "2026-12-03", True),
+    ]
+    monkeypatch.setattr(store, "all_records", lambda *a, **k: iter(records))
+
+    def ref(machine, harness):
+        return projection._reference(
+            {"source": "record", "machine": machine, "experiment": "table3", "row": "l2l-cmp-u1", "harness": harness}
+        )
+
+    assert ref("h100-79gb", "first")[:2] == (48.9, "h100-79gb record table3/l2l-cmp-u1")
+    assert ref("h100-", "current")[:2] == (61.0, "h100-80gb record table3/l2l-cmp-u1")
+    assert ref("h200-", "current")[0] == 70.0 and ref("h200-", "first")[0] is None
+    assert ref("a100-", "current")[1] == "no a100 record of table3/l2l-cmp-u1 by today's harness"
