@@ -124,6 +124,8 @@ def test_timeout_is_a_status(tmp_path):
     assert rec["status"] == "timeout"
 
 
+# make test-slow; the default run resumes an interrupted sweep through the CLI (tests/test_interrupts.py)
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_without_rerunning_finished_cells(tmp_path):
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
 

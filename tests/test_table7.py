@@ -198,6 +198,7 @@ def test_equivalence_reports_how_long_the_training_losses_agree(tmp_path):
     assert d["loss_agree_until"] is None  # differs from the first evaluation on
 
 
+@pytest.mark.slow  # make test-slow; an offline W&B run's writing stays in the default run (tests/test_runner.py)
 def test_the_fine_tuning_history_reads_back_from_the_offline_wandb_run(results_env, monkeypatch):
     real_wandb()
     pytest.importorskip("datasets")

@@ -216,6 +216,7 @@ def test_a_failed_round_keeps_the_rounds_measured_before_it():
     assert merge([ok, ok, ok], 3)["status"] == "ok"
 
 
+@pytest.mark.slow  # make test-slow (about 10 s)
 def test_a_corrupt_record_gets_one_warning_and_its_cell_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "m")
     exp = make_experiment([Row("a", "grad_accum")])
