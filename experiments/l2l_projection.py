@@ -15,9 +15,12 @@ PAPER_L2L = {"overlap": "off", "stash": "cpu"}
 TABLE2_RELAYS = (
     ("l2l-fp32", "l2l", table2.PAPER_RELAY),
     ("l2l-cmp", "l2l-cmp", table2.PAPER_RELAY),
-    *((row, method, options) for row, method, _, options in table2.VARIANTS),
+    *((row, method, options) for row, method, _, options, _ in table2.VARIANTS),
 )
 TABLE3_L2L = table3.L2L_OPTIONS
+# The GPUs a campaign is lent, by the slug (or its start) their records carry: the H100 80GB SXM of the first run
+# (an H100 PCIe or NVL would be another device), an H200 of whatever memory it reports.
+LENT = {"h100": "h100-79gb", "h200": "h200-"}
 # The paper's throughputs (samples/s): Table 4's single V100, Tables 2 and 3 over 4.
 PAPER_1GPU = {1: 14.57, 2: 18.6, 4: 22.07}
 PAPER_4GPU = {("cmp", 1): 52.48, ("cmp", 2): 70.97, ("cmp", 4): 84.91, ("fp32", 1): 22.5}
@@ -147,7 +150,7 @@ def rows(profile: str) -> list[Row]:
                 "fp32" if method == "l2l" else "fp16",
                 1,
                 options,
-                reference=_record("table2", row, f"{device}-", "current"),
+                reference=_record("table2", row, LENT[device], "current"),
             )
             for row, method, options in TABLE2_RELAYS
         ]
@@ -158,7 +161,7 @@ def rows(profile: str) -> list[Row]:
                 "fp16",
                 u,
                 TABLE3_L2L,
-                reference=_record("table3", f"l2l-cmp-u{u}", f"{device}-", "current"),
+                reference=_record("table3", f"l2l-cmp-u{u}", LENT[device], "current"),
             )
             for u in (1, 2, 4)
         ]

@@ -12,7 +12,8 @@ A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus
 - a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and
   the build of its model where the pool does not hold that shape: the worker runs each round's cells grouped by
   shape (suite.core.launcher.by_shape), and its pool keeps a model up to an eighth of the target's host memory
-  (suite.harness.model.pool_limit); the worker's own start is paid once a campaign. Both come from the
+  (suite.harness.model.pool_limit); the worker's own start is paid once a stage (each stage is one command on a
+  lent GPU, and so one worker). Both come from the
   fresh-process overhead the target's records show (their duration per round less their timed part), fitted as a
   fixed part (imports, CUDA's context) plus a part per parameter (the build) by least squares over the model
   sizes they ran at (one size: all of it per parameter); a cell in its own process (several ranks, an expected
@@ -308,8 +309,9 @@ def estimate(
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     table = CostTable(device, results_dir)
     lines: list[Line] = []
-    last_shape, started = None, False  # what the worker's pool holds; whether it has started (once a campaign)
     for number, stage in stages.items():
+        # What the worker's pool holds and whether it has started: each stage is its own command, so a new worker
+        last_shape, started = None, False
         for flag, key in (("cuda_tests", "cuda_tests"), ("counted", "counted_vs_measured"), ("bench", "bench")):
             if getattr(stage, flag):
                 took = _report_seconds(results_dir, table.machine, number, key)

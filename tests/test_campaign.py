@@ -134,3 +134,21 @@ def test_partial_figures_are_shown_as_partial_and_a_smaller_ask_finishes_them(tm
     assert "| partial: 2/3 rounds |" in table and "| 11.00 |" in table and "10.00-12.00" in table
     (rec,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2), progress=lambda m: None)
     assert order == ["a", "a"] and rec["status"] == "ok" and rec["rounds"] == 2
+
+
+def test_a_row_that_reuses_another_tables_record_runs_after_that_table():
+    """Table 4's one-GPU rows take Table 3's records (Row.same_as): its sweep must come after Table 3's, in an earlier
+    stage or earlier in the same one, or they would be measured anew (and the estimate, which costs them nothing,
+    would be wrong)."""
+    from suite.core.experiment import get_experiment
+
+    order = [(n, i, s) for n, stage in sorted(campaign.STAGES.items()) for i, s in enumerate(stage.sweeps)]
+    reused = 0
+    for n, i, s in order:
+        for row in get_experiment(s.experiment).rows("paper"):
+            if row.same_as is None or (s.only and row.name not in s.only):
+                continue
+            reused += 1
+            twin = row.same_as[0]
+            assert any(t.experiment == twin and (m, j) < (n, i) for m, j, t in order), (s.experiment, row.name, twin)
+    assert reused >= 3

@@ -287,7 +287,7 @@ def project(r: Relay, steps: int = 4) -> Projection:
     return Projection(step, r.samples, compute_s / step, compute_s, h2d_s, d2h_s, host_s, max(busiest, key=busiest.get))
 
 
-def _reference(ref: dict) -> tuple[float | None, str, tuple[float, float] | None]:
+def _reference(ref: dict, run) -> tuple[float | None, str, tuple[float, float] | None]:
     """The figure a projected row is held to, what it is, and for a record the throughputs of its slowest and
     fastest timed steps: a published figure (no spread), or a committed record of a machine (its median over the
     rounds it has)."""
@@ -303,11 +303,13 @@ def _reference(ref: dict) -> tuple[float | None, str, tuple[float, float] | None
         and (rec["experiment"], rec["row"], rec.get("profile")) == (ref["experiment"], ref["row"], "paper")
         and isinstance((rec.get("metrics") or {}).get("throughput"), (int, float))
         and _of_harness(rec, ref.get("harness"))
+        and _ran(rec, run)
     ]
     if not found:
         which = f"{ref['experiment']}/{ref['row']}{_HARNESS[ref.get('harness')]}"
         return None, f"no {ref['machine'].rstrip('-')} record of {which}", None
-    rec = max(found, key=lambda r: str(r.get("finished") or ""))  # the latest, where several machines match
+    # A finished record before a partial one, then the latest (where several machines match)
+    rec = max(found, key=lambda r: (str(r.get("status", "")).startswith("ok"), str(r.get("finished") or "")))
     m = rec["metrics"]
     spread = None
     if all(isinstance(m.get(k), (int, float)) for k in ("step_time_median", "step_time_min", "step_time_max")):
@@ -327,6 +329,28 @@ def _of_harness(rec: dict, which: str | None) -> bool:
     return which is None or (which == "current") == said
 
 
+def _ran(rec: dict, run) -> bool:
+    """Whether a record ran what the row projects: its table's own run (not a `--set` variant of the row) with the
+    same precision, batch, micro-batches, depth, stash and overlap."""
+    from suite.core import registry
+
+    if rec.get("variant"):
+        return False
+    r = (rec.get("config") or {}).get("run") or {}
+    declared = registry.get(run.method).options
+
+    def setting(options: dict, k: str):
+        return options.get(k, declared[k].default)
+
+    return (
+        r.get("method") == run.method
+        and r.get("precision") == run.precision
+        and (r.get("micro_batch_size"), r.get("num_micro_batches")) == (run.micro_batch_size, run.num_micro_batches)
+        and (r.get("model") or {}).get("layers") == run.model.resolved().layers
+        and all(setting(r.get("options") or {}, k) == setting(run.options, k) for k in ("stash", "overlap"))
+    )
+
+
 def _outside(value: float, spread: tuple[float, float]) -> float:
     """How far `value` lies outside [low, high], relative to the end it passes; 0 inside."""
     low, high = spread
@@ -341,7 +365,9 @@ def projected_cell(run, device, cap) -> dict:
     spec = DEVICES[p["device"]]
     gpus = p.get("gpus", 1)
     out = project(relay_of(run, spec, p.get("host_optim", "fused"), gpus))
-    ref, what, spread = _reference(p["reference"]) if p.get("reference") else (None, "none: a projection only", None)
+    ref, what, spread = (
+        _reference(p["reference"], run) if p.get("reference") else (None, "none: a projection only", None)
+    )
     throughput = gpus * out.throughput
     return {
         "throughput": throughput,

@@ -14,6 +14,8 @@ def ram_bytes() -> int | None:
             if line.startswith("MemTotal:"):
                 total = int(line.split()[1]) * 1024
     except OSError:
+        pass
+    if total is None:
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):

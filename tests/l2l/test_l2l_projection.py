@@ -82,7 +82,7 @@ def test_gpus_sharing_a_host_pay_its_sum_of_their_gradients_before_each_update()
 def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
     from methods.l2l import projection
 
-    monkeypatch.setattr(projection, "_reference", lambda ref: (40.0, "a record", (30.0, 45.0)))
+    monkeypatch.setattr(projection, "_reference", lambda ref, run: (40.0, "a record", (30.0, 45.0)))
     run = dataclasses.replace(
         _run(1), options={**_run(1).options, "projection": {"device": "h100", "reference": {"source": "record"}}}
     )
@@ -95,38 +95,53 @@ def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
     assert projection._outside(31.0, (30.0, 45.0)) == 0.0
 
 
-def test_a_record_reference_takes_the_harness_it_names_and_the_latest_of_several(monkeypatch):
+def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_the_latest(monkeypatch):
     """The first GPU run's records say nothing of their harness; today's do (provenance.harness). A row held to the
-    first run keeps its record when a GPU of the same kind commits new ones; a row held to today's takes the newest."""
+    first run keeps its record when a GPU of the same kind commits new ones; a row held to today's takes the newest
+    finished one that ran the projected run: not a `--set` variant of the row, nor another shape or setting."""
     from methods.l2l import projection
     from suite.records import store
 
-    def rec(slug, throughput, finished, harness):
-        prov = {"harness": {"dropout": {}}} if harness else {}
+    run = _run(1)  # fp16, 24 layers, one micro-batch of 64, overlap on, stash on the host
+    same = {
+        "method": run.method,
+        "precision": "fp16",
+        "micro_batch_size": 64,
+        "num_micro_batches": 1,
+        "model": {"layers": 24},
+        "options": {"overlap": "on", "stash": "cpu"},
+    }
+
+    def rec(slug, throughput, finished, harness, status="ok", variant="", **changed):
         return {
             "machine": {"slug": slug},
             "experiment": "table3",
             "row": "l2l-cmp-u1",
             "profile": "paper",
+            "status": status,
+            "variant": variant,
+            "config": {"run": {**same, **changed}},
             "metrics": {"throughput": throughput},
             "finished": finished,
-            "provenance": prov,
+            "provenance": {"harness": {"dropout": {}}} if harness else {},
         }
 
     records = [
-        rec("h100-79gb", 48.9, "2026-11-23", False),
+        rec("h100-79gb", 48.9, "2026-11-23", False, status="partial: 1/3 rounds"),
         rec("h100-79gb", 60.0, "2026-12-01", True),
-        rec("h100-80gb", 61.0, "2026-12-02", True),
+        rec("h100-79gb", 62.0, "2026-12-02", True, status="partial: 2/3 rounds"),  # newer, unfinished
+        rec("h100-79gb", 99.0, "2026-12-03", True, variant="steps=9"),  # a --set variant of the row
+        rec("h100-79gb", 98.0, "2026-12-03", True, options={"overlap": "off", "stash": "cpu"}),  # another setting
         rec("h200-140gb", 70.0, "2026-12-03", True),
     ]
     monkeypatch.setattr(store, "all_records", lambda *a, **k: iter(records))
 
-    def ref(machine, harness):
-        return projection._reference(
-            {"source": "record", "machine": machine, "experiment": "table3", "row": "l2l-cmp-u1", "harness": harness}
-        )
+    def ref(machine, harness, run=run):
+        got = {"source": "record", "machine": machine, "experiment": "table3", "row": "l2l-cmp-u1", "harness": harness}
+        return projection._reference(got, run)
 
     assert ref("h100-79gb", "first")[:2] == (48.9, "h100-79gb record table3/l2l-cmp-u1")
-    assert ref("h100-", "current")[:2] == (61.0, "h100-80gb record table3/l2l-cmp-u1")
+    assert ref("h100-79gb", "current")[:2] == (60.0, "h100-79gb record table3/l2l-cmp-u1")
     assert ref("h200-", "current")[0] == 70.0 and ref("h200-", "first")[0] is None
+    assert ref("h200-", "current", _run(2))[0] is None  # two micro-batches: no record ran that
     assert ref("a100-", "current")[1] == "no a100 record of table3/l2l-cmp-u1 by today's harness"
