@@ -36,17 +36,18 @@ test: lint
 	$(PY) -m pytest -q
 
 # A second environment that mimics the GPU machine on CPU: its Python (3.12 where this machine has one),
-# torch 2.11 and transformers 5.17, scikit-learn, and no `datasets`, `wandb`, DeepSpeed or pytest-timeout. The
-# suite is not installed there: it runs from the tree (PYTHONPATH=.), as on that machine. PyPI's torch 2.11.0 is its
-# CUDA build (several GB with the nvidia-* wheels; no CPU-only 2.11 reaches this machine): on a CPU it runs as
-# a CPU build does. Tests that need `datasets` or `wandb` skip there and say so. ninja stands in for the image's own
-# (it builds the fused host LAMB there too).
+# torch 2.11, triton 3.6 (which interprets the GPU kernels here, as the GPU compiles them) and transformers 5.17,
+# scikit-learn, and no `datasets`, `wandb`, DeepSpeed or pytest-timeout. The suite is not installed there: it runs
+# from the tree (PYTHONPATH=.), as on that machine. PyPI's torch 2.11.0 is its CUDA build (several GB with the
+# nvidia-* wheels; no CPU-only 2.11 reaches this machine): on a CPU it runs as a CPU build does. Tests that need
+# `datasets` or `wandb` skip there and say so. ninja stands in for the image's own (it builds the fused host LAMB
+# there too).
 MIMIC_VENV ?= .venv-mimic
 MIMIC_PY := $(MIMIC_VENV)/bin/python
 MIMIC_STAMP := $(MIMIC_VENV)/.installed
 MIMIC_PYTHON ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do \
 	$$p -c '' 2>/dev/null && { echo $$p; exit; }; done; echo $(PYTHON))
-MIMIC_PACKAGES ?= torch==2.11.0 transformers==5.17.0 pytest pytest-benchmark numpy matplotlib pandas scipy \
+MIMIC_PACKAGES ?= torch==2.11.0 triton==3.6.0 transformers==5.17.0 pytest pytest-benchmark "numpy<2.4" matplotlib pandas scipy \
 	scikit-learn safetensors tokenizers huggingface-hub ninja
 MIMIC_ABSENT := datasets wandb deepspeed pytest_timeout
 

@@ -192,6 +192,7 @@ def execute(payload: dict) -> Outcome:
     from suite.measure.provenance import provenance
 
     started = time.time()
+    rng.reset()  # the paths this cell's draws take are its own, not those of the cells a worker ran before it
     record = {"status": "error: did not start", "metrics": {}, "error": None}
     device = torch.device("cpu")
     cap = None

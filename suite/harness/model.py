@@ -19,14 +19,25 @@ ATTN_IMPL = "suite_keyed"
 def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Scaled dot-product attention whose probability dropout draws a keyed mask.
 
-    Without dropout it defers to transformers' SDPA kernel; with dropout it computes the eager
-    path (SDPA cannot take an external dropout mask).
+    Without dropout it defers to transformers' SDPA kernel. With dropout, where the draws take the Triton hash
+    (CUDA), one fused kernel (suite/harness/kernels/attention.py: online softmax, the keyed mask drawn inside it,
+    nothing S x S stored); elsewhere (the CPU's per-sample generator, the eager hash the kernels are held to) the
+    materialised path: scores, an FP32 softmax, the keyed dropout, the second matmul.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if dropout == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    if rng.path_for(query.device) == "hash_triton":
+        from suite.harness.kernels import attention  # imports triton: only where the kernel runs
+
+        dtype = query.dtype
+        draw = rng.hash_key(dropout, dtype)
+        rng.note("hash_triton")
+        rng.note("attention_triton")
+        out = attention.keyed_attention(query, key.to(dtype), value.to(dtype), attention_mask, scaling, dropout, draw)
+        return out, None
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)

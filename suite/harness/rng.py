@@ -8,12 +8,14 @@ draws them again exactly. Two ways to draw, by device (PATHS):
 - `per_sample` (the CPU): each sample's uniforms come from torch's generator (MT19937) seeded by a hash
   of (seed, step, layer, site, sample): one draw per sample. On a CPU this measured faster than a
   vectorised hash; its bits are those of every CPU record.
-- `hash_compiled` (CUDA, any non-CPU device): a counter-based hash of (key, sample, element) in 32-bit
-  integer arithmetic, compared with an integer threshold: all samples of a dropout site in one fused
-  elementwise kernel (torch.compile), no uniform tensor, no saved mask (the backward draws it again).
-  `hash` is the same arithmetic in eager torch ops (a constant number of them, whatever the batch size):
-  the fallback where compilation fails, and the form the tests count. Both give the same bits on any
-  device.
+- `hash_triton` (CUDA, any non-CPU device): a counter-based hash of (key, sample, element) in 32-bit
+  unsigned arithmetic, compared with an integer threshold: all samples of a dropout site in one hand-written
+  Triton kernel (suite/harness/kernels/dropout.py: one read, one write, one compiled kernel per dtype whatever the
+  shapes, precisions and autocast state of the cells a process runs), no uniform tensor, no saved mask (the
+  backward draws it again). The attention's own dropout draws the same bits inside the fused attention kernel
+  (suite/harness/kernels/attention.py). A kernel that fails raises KernelError: the cell is an error, never a
+  silent fallback. `hash` is the same arithmetic in eager torch ops (int64 lanes, a constant number of them
+  whatever the batch size): the reference the kernels are tested against. Both give the same bits on any device.
 
 The two draw different bits, so a device's cell keys name its harness version (harness_key).
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -31,10 +32,10 @@ import torch
 
 from suite.harness.device import is_fake
 
-PATHS = ("per_sample", "hash", "hash_compiled")
+PATHS = ("per_sample", "hash", "hash_triton")
 # The harness version of each device type's draws: 1 for the per-sample generator (every CPU record), 2 for the
 # counter hash. A cell key carries it only where it is not 1, so that the keys of CPU cells stay as they were.
-HARNESS_VERSION = {"per_sample": 1, "hash": 2, "hash_compiled": 2}
+HARNESS_VERSION = {"per_sample": 1, "hash": 2, "hash_triton": 2}
 
 
 @dataclass
@@ -48,15 +49,15 @@ class _Key:
 
 _local = threading.local()
 _forced: list[str] = []  # a path asked for by `forced(...)` (tests, benchmarks), innermost last
-_used: dict[str, str] = {}  # path -> how it ran ("" or the reason it fell back), for the record
+_used: dict[str, str] = {}  # path -> "" for each path this cell's draws took (reset per cell), for the record
 
 
 def path_for(device: torch.device) -> str:
     """The path a draw on `device` takes: per_sample on the CPU (and on `meta`, where a count builds what stands
-    for it), the compiled hash elsewhere; unless forced."""
+    for it), the Triton hash elsewhere; unless forced."""
     if _forced:
         return _forced[-1]
-    return "per_sample" if torch.device(device).type in ("cpu", "meta") else "hash_compiled"
+    return "per_sample" if torch.device(device).type in ("cpu", "meta") else "hash_triton"
 
 
 def harness_key(device_type: str) -> dict:
@@ -78,8 +79,18 @@ def forced(path: str):
 
 
 def used() -> dict[str, str]:
-    """The paths this process's keyed draws took, each with its fallback reason ('' where none)."""
+    """The paths the keyed draws took since the last reset() (a cell's own), each with a note ('' where none)."""
     return dict(_used)
+
+
+def note(path: str, how: str = "") -> None:
+    """Record that a draw took `path` (the attention's fused kernel notes its own)."""
+    _used.setdefault(path, how)
+
+
+def reset() -> None:
+    """Forget the paths taken so far: each cell records only its own (suite/core/cell.execute calls it)."""
+    _used.clear()
 
 
 def seed_of(seed: int, step: int, layer: int, site: int, sample: int) -> int:
@@ -178,37 +189,14 @@ def _hash_dropped(x: torch.Tensor, k0: int, k1: int, offset: int, threshold: int
     return x * (keep.to(x.dtype) * scale)
 
 
-_compiled = None
-_broken: dict[str, str] = {}  # path -> why it failed in this process (it is not tried again)
-
-
-def _compiled_dropped():
-    global _compiled
-    if _compiled is None:
-        # dynamic: one kernel for every shape and key; the words are ints, so the compiled bits equal eager's.
-        _compiled = torch.compile(_hash_dropped, dynamic=True, fullgraph=True)
-    return _compiled
-
-
 def _apply(path: str, x: torch.Tensor, args: tuple) -> torch.Tensor:
     if is_fake(x):  # a counted step: the fused kernel's one output, no temporary
         return torch.empty_like(x)
-    if path == "hash_compiled" and "hash_compiled" not in _broken:
-        try:
-            out = _compiled_dropped()(x, *args)
-            _used.setdefault("hash_compiled", "")
-            return out
-        except Exception as exc:  # noqa: BLE001 — no compiler, no Triton: the eager hash gives the same bits
-            _broken["hash_compiled"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-            warnings.warn(
-                f"keyed dropout: the compiled hash failed ({_broken['hash_compiled']}); the eager hash stands in "
-                "(same bits, about 20 elementwise kernels and their temporaries per dropout site)",
-                stacklevel=3,
-            )
-    if path == "hash_compiled":
-        _used["hash (compiled hash failed)"] = _broken["hash_compiled"]
-    else:
-        _used.setdefault("hash", "")
+    _used.setdefault(path, "")
+    if path == "hash_triton":
+        from suite.harness.kernels import dropout  # imports triton: only where the kernel runs
+
+        return dropout.dropped(x, *args)
     return _hash_dropped(x, *args)
 
 
@@ -234,20 +222,24 @@ def _scale(p: float, dtype: torch.dtype) -> float:
     return s if dtype == torch.float64 else float(torch.tensor(s, dtype=torch.float32).to(dtype))
 
 
+def hash_key(p: float, dtype: torch.dtype) -> tuple[int, int, int, int, float]:
+    """The next dropout site's draw on a hash path: (k0, k1, sample offset, threshold, scale); advances the site
+    counter as a keyed_dropout call does (the fused attention draws its site through it)."""
+    key, site = _next_site()
+    k0, k1 = site_words(key.seed, key.step, key.layer, site)
+    return k0, k1, key.offset, min(round(p * 2**32), 2**32), _scale(p, dtype)
+
+
 def keyed_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Inverted dropout with a keyed mask (identity when not training or p == 0)."""
     if not training or p == 0.0:
         return x
-    scale = _scale(p, x.dtype)
     path = path_for(x.device)
     if path == "per_sample":
         _used.setdefault("per_sample", "")
         keep = keyed_uniform(x.shape, x.device) >= p
-        return x * (keep.to(x.dtype) * scale)
-    key, site = _next_site()
-    k0, k1 = site_words(key.seed, key.step, key.layer, site)
-    threshold = min(round(p * 2**32), 2**32)
-    return _HashDropout.apply(x, path, k0, k1, key.offset, threshold, scale)
+        return x * (keep.to(x.dtype) * _scale(p, x.dtype))
+    return _HashDropout.apply(x, path, *hash_key(p, x.dtype))
 
 
 class KeyedDropout(torch.nn.Module):

@@ -1,0 +1,337 @@
+"""Attention with keyed dropout inside it: a flash-style Triton kernel, forward and backward.
+
+softmax(q k^T * scale + mask) is never materialised: each program walks the keys in tiles with an online softmax
+in FP32, applies the keyed dropout to the probabilities of each tile as it goes, and accumulates P V in FP32. The
+dropout's bits are those of rng.keyed_dropout over the (B, H, Sq, Sk) probabilities: element (h, i, j) of sample b
+is numbered (h * Sq + i) * Sk + j and keyed by (site, offset + b), so a fused row draws what the materialised
+attention drew. The backward regenerates the same bits from the same numbers (FlashAttention-2's two passes: keys
+and values, then queries), with delta = rowsum(dO * O), which holds under dropout because O already carries it.
+Saved for the backward: q, k, v, O and two FP32 numbers per query row (the row's maximum score and its sum).
+
+The mask is boolean, True = attend, broadcastable to (B, H, Sq, Sk): BERT's key padding (B, 1, 1, Sk) and GPT-2's
+causal-and-padding (B, 1, Sq, Sk) alike. A masked score is -1e30 (in base 2): a row with every key masked gets a
+uniform distribution and no score gradient, as the materialised path's masked_fill and softmax give it. FP32
+inputs multiply in IEEE FP32 (no TF32), 16-bit ones on tensor cores with FP32 accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from suite.harness.device import is_fake
+from suite.harness.kernels import KernelError, block_for
+from suite.harness.kernels.dropout import KEY_ARGS, as_i32, kept, sample_word
+
+LOG2E = 1.4426950408889634
+MASKED = -1.0e30  # a masked score in base 2: far below any real one, finite so that a fully masked row stays defined
+
+
+@triton.jit
+def _scores(
+    q, k, mask_ptr, offs_m, offs_n, SQ, SK, smh, smm, smn, qk_scale, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr
+):
+    """Base-2 scores of a (BLOCK_M, BLOCK_N) tile (k given transposed, (D, BLOCK_N)); masked ones at MASKED,
+    columns past the keys at -inf; and the tile's attend mask (all True without a mask)."""
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    attend = (offs_m[:, None] < SQ) & (offs_n[None, :] < SK)
+    if HAS_MASK:
+        m = tl.load(mask_ptr + offs_m[:, None] * smm + offs_n[None, :] * smn, mask=attend, other=1)
+        attend = attend & (m != 0)
+        s = tl.where(attend, s, -1.0e30)
+    s = tl.where(offs_n[None, :] < SK, s, float("-inf"))
+    return s, attend
+
+
+@triton.jit
+def _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold):
+    """The keyed dropout's verdict for each element of a tile: element (h, i, j) of the sample's probabilities."""
+    rows = (h * SQ + offs_m).to(tl.int64) * SK
+    element = (rows[:, None] + offs_n[None, :]).to(tl.uint32)
+    return kept(sw, element, k1, threshold)
+
+
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _forward(Q, K, V, OUT, ROWMAX, ROWSUM, MASK,
+             sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+             smb, smh, smm, smn,
+             H, SQ, SK, D, qk_scale, k0, k1, offset, threshold, dscale,
+             HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    in_d = offs_d < D
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=(offs_m[:, None] < SQ) & in_d[None, :], other=0.0)  # fmt: skip
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    mask_ptr = MASK + b * smb + h * smh
+    sw = sample_word((b + offset).to(tl.uint32), k0)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(0, SK, BLOCK_N):
+        offs_n = start + offs_n0
+        in_n = offs_n < SK
+        k = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=in_n[None, :] & in_d[:, None],
+                    other=0.0)  # fmt: skip
+        s, attend = _scores(q, k, mask_ptr, offs_m, offs_n, SQ, SK, smh, smm, smn, qk_scale, HAS_MASK, PRECISION)
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        p = tl.exp2(s - new_max[:, None])
+        alpha = tl.exp2(row_max - new_max)
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            keep = _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold)
+            p = tl.where(keep, p * dscale, 0.0)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=in_n[:, None] & in_d[None, :],
+                    other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        row_max = new_max
+    acc = acc / row_sum[:, None]
+    in_m = offs_m < SQ
+    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, acc.to(OUT.dtype.element_ty),
+             mask=in_m[:, None] & in_d[None, :])  # fmt: skip
+    tl.store(ROWMAX + bh * SQ + offs_m, row_max, mask=in_m)
+    tl.store(ROWSUM + bh * SQ + offs_m, row_sum, mask=in_m)
+
+
+@triton.jit
+def _probs(s, attend, ROWMAX, ROWSUM, bh, offs_m, SQ):
+    """The softmax probabilities of a tile again, from the forward's row maxima and sums."""
+    in_m = offs_m < SQ
+    row_max = tl.load(ROWMAX + bh * SQ + offs_m, mask=in_m, other=0.0)
+    row_sum = tl.load(ROWSUM + bh * SQ + offs_m, mask=in_m, other=1.0)
+    p = tl.exp2(s - row_max[:, None]) / row_sum[:, None]
+    return tl.where((offs_m[:, None] < SQ) & (s > float("-inf")), p, 0.0)
+
+
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _backward_kv(Q, K, V, DO, DK, DV, ROWMAX, ROWSUM, DELTA, MASK,
+                 sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+                 smb, smh, smm, smn,
+                 H, SQ, SK, D, qk_scale, sm_scale, k0, k1, offset, threshold, dscale,
+                 HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """dK and dV of one tile of keys, walking every query tile. DK, DV share K's and V's strides."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    in_d = offs_d < D
+    in_n = offs_n < SK
+    kv_mask = in_n[:, None] & in_d[None, :]
+    k_ptrs = b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
+    v_ptrs = b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
+    k = tl.load(K + k_ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(V + v_ptrs, mask=kv_mask, other=0.0)
+    kt = tl.trans(k)
+    vt = tl.trans(v)
+    mask_ptr = MASK + b * smb + h * smh
+    sw = sample_word((b + offset).to(tl.uint32), k0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for start in range(0, SQ, BLOCK_M):
+        offs_m = start + offs_m0
+        in_m = offs_m < SQ
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                    mask=in_m[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+        do = tl.load(DO + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+                     mask=in_m[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+        delta = tl.load(DELTA + bh * SQ + offs_m, mask=in_m, other=0.0)
+        s, attend = _scores(q, kt, mask_ptr, offs_m, offs_n, SQ, SK, smh, smm, smn, qk_scale, HAS_MASK, PRECISION)
+        p = _probs(s, attend, ROWMAX, ROWSUM, bh, offs_m, SQ)
+        dp = tl.dot(do, vt, input_precision=PRECISION)
+        if DROPOUT:
+            keep = _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold)
+            pd = tl.where(keep, p * dscale, 0.0)
+            dp = tl.where(keep, dp * dscale, 0.0)
+        else:
+            pd = p
+        dv += tl.dot(tl.trans(pd.to(do.dtype)), do, input_precision=PRECISION)
+        ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    tl.store(DK + k_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + v_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _backward_q(Q, K, V, DO, DQ, ROWMAX, ROWSUM, DELTA, MASK,
+                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+                smb, smh, smm, smn,
+                H, SQ, SK, D, qk_scale, sm_scale, k0, k1, offset, threshold, dscale,
+                HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """dQ of one tile of queries, walking every key tile. DQ shares Q's strides."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    in_d = offs_d < D
+    in_m = offs_m < SQ
+    q_ptrs = b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd
+    q = tl.load(Q + q_ptrs, mask=in_m[:, None] & in_d[None, :], other=0.0)
+    do = tl.load(DO + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+                 mask=in_m[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+    delta = tl.load(DELTA + bh * SQ + offs_m, mask=in_m, other=0.0)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    mask_ptr = MASK + b * smb + h * smh
+    sw = sample_word((b + offset).to(tl.uint32), k0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(0, SK, BLOCK_N):
+        offs_n = start + offs_n0
+        in_n = offs_n < SK
+        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=in_n[None, :] & in_d[:, None],
+                     other=0.0)  # fmt: skip
+        vt = tl.load(v_base + offs_n[None, :] * svn + offs_d[:, None] * svd, mask=in_n[None, :] & in_d[:, None],
+                     other=0.0)  # fmt: skip
+        s, attend = _scores(q, kt, mask_ptr, offs_m, offs_n, SQ, SK, smh, smm, smn, qk_scale, HAS_MASK, PRECISION)
+        p = _probs(s, attend, ROWMAX, ROWSUM, bh, offs_m, SQ)
+        dp = tl.dot(do, vt, input_precision=PRECISION)
+        if DROPOUT:
+            keep = _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold)
+            dp = tl.where(keep, dp * dscale, 0.0)
+        ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
+        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
+    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=in_m[:, None] & in_d[None, :])
+
+
+def _strides4(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.stride())
+
+
+class _Launch:
+    """What the three kernels share: shapes, strides, the key, the mask's pointer and strides, tiles."""
+
+    def __init__(self, q, k, v, mask, scaling, dropout, key):
+        self.B, self.H, self.SQ, self.D = q.shape
+        self.SK = k.shape[2]
+        if self.H * self.SQ * self.SK >= 2**32:
+            raise ValueError(f"a sample of {self.H * self.SQ * self.SK} probabilities is past the hash's 2**32 counter")
+        self.scaling = scaling
+        self.qk_scale = scaling * LOG2E
+        k0, k1, self.offset, self.threshold, self.dscale = key if dropout else (0, 0, 0, 0, 1.0)
+        self.k0, self.k1 = as_i32(k0), as_i32(k1)
+        self.dropout = bool(dropout)
+        self.has_mask = mask is not None
+        if mask is None:
+            self.mask, self.mask_strides = q, (0, 0, 0, 0)  # a pointer never read
+        else:
+            full = mask.expand(self.B, self.H, self.SQ, self.SK)
+            self.mask = full.view(torch.uint8) if full.dtype == torch.bool else (full != 0).view(torch.uint8)
+            self.mask_strides = _strides4(self.mask)
+        self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.block_d = max(16, triton.next_power_of_2(self.D))
+
+    def scalars(self, backward: bool) -> tuple:
+        head = (self.H, self.SQ, self.SK, self.D, self.qk_scale)
+        tail = (self.k0, self.k1, self.offset, self.threshold, self.dscale)
+        return (*head, self.scaling, *tail) if backward else (*head, *tail)
+
+    def constants(self, block_m: int, block_n: int) -> dict:
+        return dict(
+            HAS_MASK=self.has_mask,
+            DROPOUT=self.dropout,
+            PRECISION=self.precision,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_D=self.block_d,
+        )
+
+
+def _run(name: str, kernel, grid, *args, **kwargs) -> None:
+    try:
+        kernel[grid](*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 — the cell records which kernel failed; nothing falls back
+        raise KernelError(name, exc) from exc
+
+
+def _forward_launch(q, k, v, launch: _Launch):
+    B, H, SQ, D = q.shape
+    out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device)  # the layout attention's caller wants
+    o = out.permute(0, 2, 1, 3)
+    row_max = torch.empty((B, H, SQ), dtype=torch.float32, device=q.device)
+    row_sum = torch.empty_like(row_max)
+    if is_fake(q):  # a counted step: the kernel's outputs, nothing in between
+        return out, row_max, row_sum
+    block_m, block_n = block_for(SQ, 128), block_for(launch.SK, 64)
+    grid = (triton.cdiv(SQ, block_m), B * H)
+    _run(
+        "keyed_attention_forward", _forward, grid,
+        q, k, v, o, row_max, row_sum, launch.mask,
+        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *launch.mask_strides,
+        *launch.scalars(backward=False), **launch.constants(block_m, block_n), num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return out, row_max, row_sum
+
+
+def _backward_launch(q, k, v, o, do, row_max, row_sum, launch: _Launch):
+    # The kernels write each gradient through its input's strides: lay out an input whose strides empty_like
+    # would not keep (an expanded or overlapping view) densely first.
+    q, k, v = (t if torch.empty_like(t).stride() == t.stride() else t.contiguous() for t in (q, k, v))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if is_fake(q):
+        torch.empty_like(row_max)  # delta's bytes
+        return dq, dk, dv
+    delta = (do.float() * o.float()).sum(-1)  # (B, H, SQ): rowsum(dO * O), FP32
+    B, H, SQ, _ = q.shape
+    block_m, block_n = block_for(SQ, 64), block_for(launch.SK, 64)
+    common = (
+        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *launch.mask_strides,
+        *launch.scalars(backward=True),
+    )  # fmt: skip
+    consts = launch.constants(block_m, block_n)
+    grid_kv = (triton.cdiv(launch.SK, block_n), B * H)
+    _run(
+        "keyed_attention_backward_kv", _backward_kv, grid_kv,
+        q, k, v, do, dk, dv, row_max, row_sum, delta, launch.mask, *common, **consts, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    grid_q = (triton.cdiv(SQ, block_m), B * H)
+    _run(
+        "keyed_attention_backward_q", _backward_q, grid_q,
+        q, k, v, do, dq, row_max, row_sum, delta, launch.mask, *common, **consts, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+class KeyedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scaling, dropout, key):
+        launch = _Launch(q, k, v, mask, scaling, dropout, key)
+        out, row_max, row_sum = _forward_launch(q, k, v, launch)
+        ctx.launch = launch
+        ctx.save_for_backward(q, k, v, out, row_max, row_sum)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, row_max, row_sum = ctx.saved_tensors
+        do = grad.permute(0, 2, 1, 3)
+        dq, dk, dv = _backward_launch(q, k, v, out.permute(0, 2, 1, 3), do, row_max, row_sum, ctx.launch)
+        return dq, dk, dv, None, None, None, None
+
+
+def keyed_attention(q, k, v, mask, scaling: float, dropout: float, key: tuple | None) -> torch.Tensor:
+    """softmax(q k^T * scaling, masked) with keyed dropout, times v: (B, H, S, D) in, (B, S, H, D) out.
+
+    `key` is (k0, k1, sample offset, threshold, scale) as rng.keyed_dropout would draw them for the (B, H, Sq, Sk)
+    probabilities (None, with dropout 0, for none). q, k and v share one dtype (the caller casts)."""
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"keyed attention takes q, k, v of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
+    if not math.isfinite(scaling):
+        raise ValueError(f"attention scaling {scaling} is not finite")
+    return KeyedAttention.apply(q, k, v, mask, float(scaling), dropout, key)

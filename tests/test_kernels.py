@@ -1,0 +1,143 @@
+"""The GPU's Triton kernels held to their eager references, run here by Triton's interpreter (TRITON_INTERPRET=1,
+set by conftest.py before triton is imported; exact for fp32 and fp16). On a GPU (make test-cuda) the same checks
+run compiled: tests/test_cuda_kernels.py."""
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from suite.config.run import RunConfig  # noqa: E402
+from suite.core.cell import execute  # noqa: E402
+from suite.harness import rng  # noqa: E402
+from suite.harness.kernels import interpreted  # noqa: E402
+from suite.harness.model import _keyed_attention  # noqa: E402
+
+# The interpreter reads a runtime loop bound through int() of a one-element array, which numpy deprecates.
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _dropped(path, x, offset=0, sites=1, p=0.1, grad=None):
+    """keyed_dropout on the given path: the output and, with `grad`, x's gradient."""
+    x = x.detach().clone().requires_grad_(grad is not None)
+    with rng.forced(path), rng.keyed(7, 3, 2, offset):
+        y = [rng.keyed_dropout(x, p, True) for _ in range(sites)][-1]
+    if grad is None:
+        return y.detach(), None
+    y.backward(grad)
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape,offset,sites", [((6, 3, 5, 7), 0, 1), ((3, 2000), 5, 2), ((2, 4, 9, 17), 123457, 3)])
+def test_the_dropout_kernel_draws_the_eager_hashs_bits_forward_and_backward(dtype, shape, offset, sites):
+    x = torch.randn(shape, device=DEVICE).to(dtype)
+    grad = torch.randn(shape, device=DEVICE).to(dtype)
+    ref, ref_grad = _dropped("hash", x, offset, sites, grad=grad)
+    out, out_grad = _dropped("hash_triton", x, offset, sites, grad=grad)
+    assert torch.equal(out, ref) and torch.equal(out_grad, ref_grad)
+    assert 0.05 < (out == 0).float().mean().item() < 0.15
+
+
+def test_the_dropout_kernel_splits_as_one_batch_and_ignores_layout():
+    x = torch.randn(8, 5, 6, device=DEVICE)
+    whole, _ = _dropped("hash_triton", x)
+    parts = torch.cat([_dropped("hash_triton", x[o : o + 2], offset=o)[0] for o in (0, 2, 4, 6)])
+    assert torch.equal(whole, parts)
+    t = torch.randn(4, 6, 5, device=DEVICE).transpose(1, 2)  # not contiguous
+    assert torch.equal(_dropped("hash_triton", t)[0], _dropped("hash", t.contiguous())[0])
+
+
+@pytest.mark.skipif(interpreted(), reason="numpy has no bf16: the interpreter reads bf16 as garbage (make test-cuda)")
+def test_the_dropout_kernel_in_bf16_draws_the_eager_hashs_bits():
+    x = torch.randn(4, 300, device=DEVICE, dtype=torch.bfloat16)
+    grad = torch.randn(4, 300, device=DEVICE, dtype=torch.bfloat16)
+    ref, ref_grad = _dropped("hash", x, grad=grad)
+    out, out_grad = _dropped("hash_triton", x, grad=grad)
+    assert torch.equal(out, ref) and torch.equal(out_grad, ref_grad)
+
+
+class _Module(torch.nn.Module):
+    """What attention's caller passes: a module in training mode."""
+
+
+def _attention(path, q, k, v, mask, p, grad):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with rng.forced(path), rng.keyed(1, 2, 3, 4):
+        out, _ = _keyed_attention(_Module().train(), q, k, v, mask, dropout=p)
+        after = rng.hash_key(0.5, torch.float32)[:2]  # the site counter moved on alike
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad, after
+
+
+def _mask(kind, b, s):
+    if kind == "padding":  # BERT's key padding, one sample padded to a single token
+        lengths = torch.tensor([s, s - 5, 1][:b])
+        return (torch.arange(s)[None, :] < lengths[:, None])[:, None, None, :].to(DEVICE)
+    if kind == "causal":  # GPT-2's causal mask, expanded (stride 0 over the batch)
+        return torch.ones(s, s, dtype=torch.bool, device=DEVICE).tril()[None, None].expand(b, 1, s, s)
+    return None
+
+
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float32, 2e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"]
+)  # fp16: the eager path rounds scores and probabilities to fp16, the kernel keeps them in FP32
+@pytest.mark.parametrize(
+    "mask,p,shape", [("padding", 0.1, (3, 2, 20, 8)), (None, 0.3, (2, 2, 33, 24)), ("causal", 0.1, (2, 3, 18, 16))]
+)
+def test_fused_attention_matches_the_materialised_keyed_attention(dtype, tol, mask, p, shape):
+    b, h, s, d = shape
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(b, h, s, d, generator=gen).to(DEVICE, dtype) for _ in range(4))
+    grad = grad.transpose(1, 2)  # the output's layout: (B, S, H, D)
+    m = _mask(mask, b, s)
+    ref = _attention("hash", q, k, v, m, p, grad)
+    out = _attention("hash_triton", q, k, v, m, p, grad)
+    assert out[4] == ref[4]  # one dropout site drawn on each path
+    for name, a, r in zip(("out", "dq", "dk", "dv"), out[:4], ref[:4]):
+        scale = r.float().abs().max().item()
+        err = (a.float() - r.float()).abs().max().item() / scale
+        assert a.shape == r.shape and a.dtype == r.dtype, name
+        assert err < tol, f"{name}: relative error {err:.2e} over {tol:.0e}"
+
+
+def test_fused_attention_drops_what_the_materialised_attention_drops():
+    """With v the identity, the output's rows are the (dropped, scaled) probabilities themselves: the same zeros."""
+    b, h, s = 2, 2, 16
+    q, k = (torch.randn(b, h, s, 16, device=DEVICE) for _ in range(2))
+    v = torch.eye(s, 16, device=DEVICE).expand(b, h, s, 16).contiguous()
+    grad = torch.zeros(b, s, h, 16, device=DEVICE)
+    ref, out = _attention("hash", q, k, v, None, 0.5, grad)[0], _attention("hash_triton", q, k, v, None, 0.5, grad)[0]
+    assert torch.equal(out == 0, ref == 0) and 0.4 < (out == 0).float().mean().item() < 0.6
+
+
+def _cell(precision: str, hidden: int) -> dict:
+    model = dataclasses.replace(RunConfig().model, hidden=hidden, layers=1)
+    run = RunConfig(method="amp" if precision != "fp32" else "grad_accum", precision=precision, model=model)
+    run = dataclasses.replace(run, seq_len=16, micro_batch_size=2, num_micro_batches=2, steps=1, warmup=1)
+    return {"run": run.validate().to_dict(), "kind": "throughput", "profile": "tiny"}
+
+
+def test_one_process_running_cells_of_every_precision_and_two_shapes_takes_one_path_throughout():
+    """What a worker does: cells of fp32, fp16 and bf16 at two widths in turn, each recording its own paths: the
+    Triton kernels every time (one kernel per dtype, no recompile limit to reach, no fallback)."""
+    seen = []
+    with rng.forced("hash_triton"):
+        for hidden in (64, 32):
+            for precision in ("fp32", "fp16", "bf16"):
+                record = execute(_cell(precision, hidden))
+                assert record["status"] == "ok", record["error"]
+                seen.append(record["provenance"]["harness"]["dropout"])
+    assert seen == [{"hash_triton": "", "attention_triton": ""}] * 6
+
+
+def test_a_cell_records_only_its_own_paths():
+    with rng.forced("hash"), rng.keyed(0, 0, 1, 0):
+        rng.keyed_dropout(torch.ones(2, 4), 0.5, True)
+    assert "hash" in rng.used()
+    record = execute(_cell("fp32", 64))  # on this CPU: the per-sample generator, and nothing of the draw above
+    assert record["provenance"]["harness"]["dropout"] == {rng.path_for(torch.device(DEVICE)): ""}
