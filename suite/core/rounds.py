@@ -26,8 +26,10 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
     """One record from the records of a cell's rounds so far: `ok` once all `planned` rounds are, else the
     failed round's status, or `partial: k/n rounds` while rounds remain. Measured rounds are never dropped."""
     ok = [r for r in rounds if r["status"] == "ok"]
-    if ok:  # rounds of another code or harness (dropout path, host LAMB kernel) than the latest are not folded in
-        ok = [r for r in ok if comparable(r) == comparable(ok[-1])]
+    # Rounds of another code or harness (dropout path, attention kernel, LAMB kernel) than the latest are never
+    # folded in: they are set aside, and the status says so, so a table never shows a mixed or silently thinned row.
+    aside = [r for r in ok if comparable(r) != comparable(ok[-1])] if ok else []
+    ok = [r for r in ok if r not in aside]
     last = rounds[-1]
     if last["status"] != "ok" and not ok:
         return dict(last, rounds=0)
@@ -57,6 +59,8 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
         record.update(status=last["status"], error=last.get("error"))
     elif len(ok) < planned:
         record["status"] = f"partial: {len(ok)}/{planned} rounds"
+        if aside:
+            record["status"] += f", {len(aside)} set aside (another code or harness path)"
         # Kept so that a later call (a GPU campaign stage cut at its deadline) resumes the remaining rounds.
         record["round_records"] = [{k: r.get(k) for k in ROUND_FIELDS} for r in ok]
     return record
