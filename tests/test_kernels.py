@@ -13,6 +13,7 @@ from suite.config.run import RunConfig  # noqa: E402
 from suite.core.cell import execute  # noqa: E402
 from suite.harness import rng  # noqa: E402
 from suite.harness.kernels import interpreted  # noqa: E402
+from suite.harness.kernels.attention import tiles_note  # noqa: E402
 from suite.harness.model import _keyed_attention  # noqa: E402
 
 # The interpreter reads a runtime loop bound through int() of a one-element array, which numpy deprecates.
@@ -132,12 +133,13 @@ def test_one_process_running_cells_of_every_precision_and_two_shapes_takes_one_p
                 record = execute(_cell(precision, hidden))
                 assert record["status"] == "ok", record["error"]
                 seen.append(record["provenance"]["harness"]["dropout"])
-    assert seen == [{"hash_triton": "", "attention_triton": ""}] * 6
+    assert seen == [{"hash_triton": "", "attention_triton": tiles_note()}] * 6
 
 
 def test_a_cell_records_only_its_own_paths():
     with rng.forced("hash"), rng.keyed(0, 0, 1, 0):
         rng.keyed_dropout(torch.ones(2, 4), 0.5, True)
     assert "hash" in rng.used()
-    record = execute(_cell("fp32", 64))  # on this CPU: the per-sample generator, and nothing of the draw above
-    assert record["provenance"]["harness"]["dropout"] == {rng.path_for(torch.device(DEVICE)): ""}
+    record = execute(_cell("fp32", 64))  # nothing of the draw above: the CPU's generator, or CUDA's kernels
+    own = {"per_sample": ""} if DEVICE == "cpu" else {"hash_triton": "", "attention_triton": tiles_note()}
+    assert record["provenance"]["harness"]["dropout"] == own

@@ -35,7 +35,7 @@ def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dr
         dtype = query.dtype
         draw = rng.hash_key(dropout, dtype)
         rng.note("hash_triton")
-        rng.note("attention_triton")
+        rng.note("attention_triton", attention.tiles_note())
         out = attention.keyed_attention(query, key.to(dtype), value.to(dtype), attention_mask, scaling, dropout, draw)
         return out, None
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling

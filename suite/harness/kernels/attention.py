@@ -17,13 +17,14 @@ inputs multiply in IEEE FP32 (no TF32), 16-bit ones on tensor cores with FP32 ac
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from suite.harness.device import is_fake
-from suite.harness.kernels import KernelError, block_for
+from suite.harness.kernels import KernelError, block_for, interpreted
 from suite.harness.kernels.dropout import KEY_ARGS, as_i32, kept, sample_word
 
 LOG2E = 1.4426950408889634
@@ -210,6 +211,56 @@ def _backward_q(Q, K, V, DO, DQ, ROWMAX, ROWSUM, DELTA, MASK,
     tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=in_m[:, None] & in_d[None, :])
 
 
+@triton.jit
+def _row_dot(OUT, DO, DELTA, sob, soh, som, sod, sgb, sgh, sgm, sgd, H, SQ, D,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """delta = rowsum(dO * O) in FP32, one tile of query rows of one (sample, head)."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    inside = (offs_m[:, None] < SQ) & (offs_d[None, :] < D)
+    o = tl.load(OUT + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, mask=inside, other=0.0)
+    do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd, mask=inside, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh * SQ + offs_m, delta, mask=offs_m < SQ)
+
+
+def _configs(pairs) -> list:
+    return [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in pairs]
+
+
+# On a GPU the tiles are tuned once per (shape, mask, dropout, dtype) among a few configurations, the timings kept
+# in Triton's disk cache (so a fresh process of the same cell does not tune again). SUITE_TRITON_TUNE=0 takes the
+# first configuration of each instead (the record's harness says so). Interpreted: 16 x 16 tiles, so that tiny test
+# shapes cross several of them.
+FORWARD_TILES = [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
+KV_TILES = [(64, 64, 4, 2), (32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3)]
+Q_TILES = [(64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3)]
+TUNED = not interpreted() and os.environ.get("SUITE_TRITON_TUNE", "1") != "0"
+TUNE_KEY = ["SQ", "SK", "D", "HAS_MASK", "DROPOUT"]
+if TUNED:
+    _forward = triton.autotune(_configs(FORWARD_TILES), TUNE_KEY, cache_results=True)(_forward)
+    _backward_kv = triton.autotune(_configs(KV_TILES), TUNE_KEY, cache_results=True)(_backward_kv)
+    _backward_q = triton.autotune(_configs(Q_TILES), TUNE_KEY, cache_results=True)(_backward_q)
+
+
+def tiles_note() -> str:
+    """How the attention's tiles were chosen, for the record."""
+    return "tuned" if TUNED else ("16 x 16 (interpreted)" if interpreted() else "fixed")
+
+
+def _grid(rows: int, tile: str, bh: int, choices: list):
+    """The grid over (tiles of `rows`, B * H), and the tile settings to pass: none where the tuner picks them."""
+    if TUNED:
+        return (lambda meta: (triton.cdiv(rows, meta[tile]), bh)), {}
+    m, n, warps, stages = (16, 16, 1, 1) if interpreted() else choices[0]
+    size = dict(BLOCK_M=m, BLOCK_N=n)
+    return (triton.cdiv(rows, size[tile]), bh), dict(size, num_warps=warps, num_stages=stages)
+
+
 def _strides4(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.stride())
 
@@ -242,15 +293,8 @@ class _Launch:
         tail = (self.k0, self.k1, self.offset, self.threshold, self.dscale)
         return (*head, self.scaling, *tail) if backward else (*head, *tail)
 
-    def constants(self, block_m: int, block_n: int) -> dict:
-        return dict(
-            HAS_MASK=self.has_mask,
-            DROPOUT=self.dropout,
-            PRECISION=self.precision,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_D=self.block_d,
-        )
+    def constants(self) -> dict:
+        return dict(HAS_MASK=self.has_mask, DROPOUT=self.dropout, PRECISION=self.precision, BLOCK_D=self.block_d)
 
 
 def _run(name: str, kernel, grid, *args, **kwargs) -> None:
@@ -268,13 +312,12 @@ def _forward_launch(q, k, v, launch: _Launch):
     row_sum = torch.empty_like(row_max)
     if is_fake(q):  # a counted step: the kernel's outputs, nothing in between
         return out, row_max, row_sum
-    block_m, block_n = block_for(SQ, 128), block_for(launch.SK, 64)
-    grid = (triton.cdiv(SQ, block_m), B * H)
+    grid, tiles = _grid(SQ, "BLOCK_M", B * H, FORWARD_TILES)
     _run(
         "keyed_attention_forward", _forward, grid,
         q, k, v, o, row_max, row_sum, launch.mask,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *launch.mask_strides,
-        *launch.scalars(backward=False), **launch.constants(block_m, block_n), num_warps=4, num_stages=3,
+        *launch.scalars(backward=False), **launch.constants(), **tiles,
     )  # fmt: skip
     return out, row_max, row_sum
 
@@ -287,23 +330,26 @@ def _backward_launch(q, k, v, o, do, row_max, row_sum, launch: _Launch):
     if is_fake(q):
         torch.empty_like(row_max)  # delta's bytes
         return dq, dk, dv
-    delta = (do.float() * o.float()).sum(-1)  # (B, H, SQ): rowsum(dO * O), FP32
-    B, H, SQ, _ = q.shape
-    block_m, block_n = block_for(SQ, 64), block_for(launch.SK, 64)
+    B, H, SQ, D = q.shape
+    delta = torch.empty_like(row_max)  # (B, H, SQ): rowsum(dO * O) in FP32
+    rows = block_for(SQ, 64)
+    _run(
+        "keyed_attention_backward_delta", _row_dot, (triton.cdiv(SQ, rows), B * H),
+        o, do, delta, *_strides4(o), *_strides4(do), H, SQ, D, BLOCK_M=rows, BLOCK_D=launch.block_d,
+    )  # fmt: skip
     common = (
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *launch.mask_strides,
         *launch.scalars(backward=True),
     )  # fmt: skip
-    consts = launch.constants(block_m, block_n)
-    grid_kv = (triton.cdiv(launch.SK, block_n), B * H)
+    grid, tiles = _grid(launch.SK, "BLOCK_N", B * H, KV_TILES)
     _run(
-        "keyed_attention_backward_kv", _backward_kv, grid_kv,
-        q, k, v, do, dk, dv, row_max, row_sum, delta, launch.mask, *common, **consts, num_warps=4, num_stages=2,
+        "keyed_attention_backward_kv", _backward_kv, grid,
+        q, k, v, do, dk, dv, row_max, row_sum, delta, launch.mask, *common, **launch.constants(), **tiles,
     )  # fmt: skip
-    grid_q = (triton.cdiv(SQ, block_m), B * H)
+    grid, tiles = _grid(SQ, "BLOCK_M", B * H, Q_TILES)
     _run(
-        "keyed_attention_backward_q", _backward_q, grid_q,
-        q, k, v, do, dq, row_max, row_sum, delta, launch.mask, *common, **consts, num_warps=4, num_stages=2,
+        "keyed_attention_backward_q", _backward_q, grid,
+        q, k, v, do, dq, row_max, row_sum, delta, launch.mask, *common, **launch.constants(), **tiles,
     )  # fmt: skip
     return dq, dk, dv
 
