@@ -27,8 +27,10 @@ from suite.sweep import sweep
 
 BUDGET_S = 540.0  # a stage's default: inside the GPU machine's 10-minute command limit, with a margin
 # The tests that need CUDA: equivalence at FP32 (TF32 off), L2L-CMP, the copy/compute overlap seen by CUDA
-# events, pinned asynchronous copies, the emulated cap's OOM recorded as `oom`, NCCL where two GPUs exist.
+# events, pinned asynchronous copies, the emulated cap's OOM recorded as `oom`, NCCL where two GPUs exist; the
+# Triton kernels (keyed dropout, attention, device LAMB) compiled and held to their eager references.
 CUDA_TESTS = (
+    "tests/test_cuda_kernels.py",
     "tests/test_cuda.py",
     "tests/l2l/test_l2l_cuda.py",
     "tests/pipeline/test_pipeline_exec_cuda.py",
