@@ -186,8 +186,11 @@ def suite_optimizer(method) -> str:
     if "host_optim" in opts:
         overlap = ", overlapping the backward" if opts.get("overlap") == "on" else ""
         return f"{_optimizer_name(run)} (the suite's, per layer on the host, {opts['host_optim']} kernels{overlap})"
-    kernels = "fused" if method.device.type == "cpu" else "foreach"
-    return f"{_optimizer_name(run)} (the suite's, per layer on the device, {kernels} kernels)"
+    if method.device.type == "cpu":
+        return f"{_optimizer_name(run)} (the suite's, per layer on the device, fused kernels)"
+    if run.optimizer == "lamb":
+        return "LAMB (the suite's, every layer in one multi-tensor Triton pass on the device)"
+    return f"{_optimizer_name(run)} (the suite's, per layer on the device, foreach kernels)"
 
 
 def suite_attention(run, device: torch.device) -> str:

@@ -36,6 +36,7 @@ class Lamb(torch.optim.Optimizer):
         weight_decay=0.0,
         bias_correction=True,
         fused=False,
+        device_fused=False,
     ):
         if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid LAMB hyper-parameters lr={lr}, betas={betas}, eps={eps}")
@@ -43,6 +44,7 @@ class Lamb(torch.optim.Optimizer):
             params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         )
         self.fused = fused and fused_lamb.kernel() is not None
+        self.device_fused = device_fused
 
     def _kernel(self, tensors: list[torch.Tensor]):
         """The fused kernel if asked for and every tensor can take it, else None (the foreach path)."""
@@ -58,8 +60,8 @@ class Lamb(torch.optim.Optimizer):
         """A parameter's state before its first step."""
         return dict(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
 
-    @torch.no_grad()
-    def step(self, closure=None):
+    def _groups(self):
+        """(group, params, grads, m, v, c1, c2) of each group with gradients, its parameters' step counts advanced."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -71,37 +73,88 @@ class Lamb(torch.optim.Optimizer):
                 if not s or (s["step"] == 0 and (s["exp_avg"].dtype, s["exp_avg"].device) != (p.dtype, p.device)):
                     self.state[p] = self.fresh_state(p)
             states = [self.state[p] for p in params]
-            m = [s["exp_avg"] for s in states]
-            v = [s["exp_avg_sq"] for s in states]
             for s in states:
                 s["step"] += 1
             t = states[0]["step"]
             b1, b2 = group["betas"]
             c1, c2 = (1 - b1**t, 1 - b2**t) if group["bias_correction"] else (1.0, 1.0)
-            kernel = self._kernel([*params, *grads, *m, *v])
-            if kernel is not None:
-                if not is_fake(params[0]):  # a counted step: the kernel makes no tensor, there is nothing to count
-                    hyper = (group["lr"], b1, b2, group["eps"], group["weight_decay"], c1, c2)
-                    kernel.lamb_step(params, grads, m, v, *hyper)
-                    # It wrote through data pointers: tell autograd, as torch's own in-place ops do.
-                    for t in (*params, *grads, *m, *v):
-                        torch.autograd.graph.increment_version(t)
-                continue
-            torch._foreach_lerp_(m, grads, 1 - b1)
-            torch._foreach_mul_(v, b2)
-            torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
-            denom = torch._foreach_sqrt(v)
-            torch._foreach_div_(denom, math.sqrt(c2))
-            torch._foreach_add_(denom, group["eps"])
-            update = torch._foreach_div(m, denom)
-            torch._foreach_div_(update, c1)
-            if group["weight_decay"]:
-                torch._foreach_add_(update, params, alpha=group["weight_decay"])
-            w_norm = torch._foreach_norm(params)
-            u_norm = torch._foreach_norm(update)
-            trust = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(w_norm, u_norm)]
-            torch._foreach_mul_(update, trust)
-            torch._foreach_add_(params, update, alpha=-group["lr"])
+            yield group, params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], c1, c2
+
+    # Where the device kernel runs: CUDA. The tests add "cpu", where Triton's interpreter runs it on CPU tensors.
+    KERNEL_DEVICES = ("cuda",)
+
+    def _on_device_kernel(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether these tensors step through the device's multi-tensor kernel (suite/harness/kernels/lamb_step):
+        asked for (device_fused), and contiguous FP32 tensors on a KERNEL_DEVICES device, or a counted step's
+        stand-ins for them. A sharded DTensor (FSDP2) holds a shard: the trust ratio needs the whole tensor."""
+        if not self.device_fused or any(isinstance(t, DTensor) for t in tensors):
+            return False
+        if is_fake(tensors[0]):
+            return True
+        if tensors[0].device.type not in self.KERNEL_DEVICES:
+            return False
+        from suite.harness.kernels import lamb_step, missing
+
+        why = missing() or lamb_step.check(tensors)
+        if why and tensors[0].device.type == "cuda":  # never a silent fallback on the GPU
+            raise RuntimeError(f"the device LAMB kernel cannot step these tensors: {why}")
+        return not why
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        step_all([self])
+
+    def _step_group(self, group, params, grads, m, v, c1, c2) -> None:
+        """One group through the host's fused kernel or torch's foreach ops."""
+        b1, b2 = group["betas"]
+        kernel = self._kernel([*params, *grads, *m, *v])
+        if kernel is not None:
+            if not is_fake(params[0]):  # a counted step: the kernel makes no tensor, there is nothing to count
+                hyper = (group["lr"], b1, b2, group["eps"], group["weight_decay"], c1, c2)
+                kernel.lamb_step(params, grads, m, v, *hyper)
+                # It wrote through data pointers: tell autograd, as torch's own in-place ops do.
+                for t in (*params, *grads, *m, *v):
+                    torch.autograd.graph.increment_version(t)
+            return
+        torch._foreach_lerp_(m, grads, 1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(c2))
+        torch._foreach_add_(denom, group["eps"])
+        update = torch._foreach_div(m, denom)
+        torch._foreach_div_(update, c1)
+        if group["weight_decay"]:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        w_norm = torch._foreach_norm(params)
+        u_norm = torch._foreach_norm(update)
+        trust = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(w_norm, u_norm)]
+        torch._foreach_mul_(update, trust)
+        torch._foreach_add_(params, update, alpha=-group["lr"])
+
+
+@torch.no_grad()
+def step_all(opts: list[Lamb]) -> None:
+    """Step several LAMB optimizers (a model's layers) together: every group that takes the device's multi-tensor
+    kernel in one call per set of hyper-parameters (three launches for the whole model), the rest group by group."""
+    batches: dict[tuple, list] = {}
+    for opt in opts:
+        for group, params, grads, m, v, c1, c2 in opt._groups():
+            if opt._on_device_kernel([*params, *grads, *m, *v]):
+                b1, b2 = group["betas"]
+                lists = batches.setdefault((group["lr"], b1, b2, group["eps"], c1, c2), [[], [], [], [], []])
+                for into, items in zip(lists, (params, grads, m, v, [group["weight_decay"]] * len(params))):
+                    into.extend(items)
+            else:
+                opt._step_group(group, params, grads, m, v, c1, c2)
+    if batches:
+        from suite.harness.kernels import lamb_step
+
+        layouts = opts[0].__dict__.setdefault("_layouts", {})
+        for (lr, b1, b2, eps, c1, c2), (params, grads, m, v, wd) in batches.items():
+            lamb_step.step(layouts, params, grads, m, v, wd, lr, b1, b2, eps, c1, c2)
+            for t in (*params, *grads, *m, *v):  # written through addresses: tell autograd, as in-place ops do
+                torch.autograd.graph.increment_version(t)
 
 
 def no_decay(name: str) -> bool:
@@ -171,7 +224,9 @@ class LayerwiseOptimizer:
         betas = (self.run.beta1, self.run.beta2)
         fused = self._fused([p for _, p in named])
         if self.run.optimizer == "lamb":
-            return Lamb(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, fused=fused)
+            # On the device (not L2L's host server): every layer's LAMB through one multi-tensor kernel (step()).
+            device = self.impl == "fused" and not self.host
+            return Lamb(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, fused=fused, device_fused=device)
         if fused:
             return torch.optim.AdamW(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, fused=True)
         return torch.optim.AdamW(groups, lr=self.run.lr, betas=betas, eps=self.run.eps, foreach=True)
@@ -187,8 +242,17 @@ class LayerwiseOptimizer:
         opt.step()
 
     def step(self, step: int) -> None:
-        for i in range(len(self.opts)):
-            self.step_layer(i, step)
+        """Step every layer: LAMB's layers together (one multi-tensor pass on the device), AdamW's layer by layer."""
+        lamb = [o for o in self.opts if isinstance(o, Lamb)]
+        if not lamb:
+            for i in range(len(self.opts)):
+                self.step_layer(i, step)
+            return
+        lr = lr_at(self.run, step)
+        for o in lamb:
+            for g in o.param_groups:
+                g["lr"] = lr
+        step_all(lamb)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every optimizer state tensor, layer by layer."""
