@@ -31,6 +31,7 @@ BUDGET_S = 540.0  # a stage's default: inside the GPU machine's 10-minute comman
 # Triton kernels (keyed dropout, attention, device LAMB) compiled and held to their eager references.
 CUDA_TESTS = (
     "tests/test_cuda_kernels.py",
+    "tests/test_device_lamb.py",
     "tests/test_cuda.py",
     "tests/l2l/test_l2l_cuda.py",
     "tests/pipeline/test_pipeline_exec_cuda.py",

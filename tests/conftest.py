@@ -24,6 +24,14 @@ def _seed_everything():
     yield
 
 
+@pytest.fixture
+def kernel_here(monkeypatch):
+    """Let the device's LAMB kernel take this machine's tensors (CPU ones run by Triton's interpreter)."""
+    from suite.harness.optim import Lamb
+
+    monkeypatch.setattr(Lamb, "KERNEL_DEVICES", ("cuda", "cpu"))
+
+
 def real_wandb():
     """Skip unless the W&B library itself imports (a `wandb` folder of offline runs on the path is not it)."""
     from suite.records import tracking

@@ -1,6 +1,6 @@
-"""The device's multi-tensor LAMB (suite/harness/kernels/lamb_step.py) against torch's foreach LAMB, run here by
+"""The device's multi-tensor LAMB (suite/harness/kernels/lamb_step.py) as LayerwiseOptimizer uses it, run here by
 Triton's interpreter on CPU tensors (conftest.py sets TRITON_INTERPRET=1 without CUDA); on CUDA through
-tests/test_cuda_kernels.py."""
+tests/test_cuda_kernels.py. The kernel against torch's foreach LAMB at its edges: tests/test_device_lamb.py."""
 
 import copy
 
@@ -16,12 +16,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 
-@pytest.fixture
-def kernel_here(monkeypatch):
-    """Let the device kernel take this machine's tensors (CPU ones run interpreted)."""
-    monkeypatch.setattr(Lamb, "KERNEL_DEVICES", ("cuda", "cpu"))
-
-
 def _params(shapes, seed=0):
     gen = torch.Generator().manual_seed(seed)
     out = [torch.nn.Parameter(torch.randn(s, generator=gen).to(DEVICE)) for s in shapes]
@@ -29,35 +23,7 @@ def _params(shapes, seed=0):
     return out
 
 
-def _run(params, device_fused, steps=3, wd=0.01):
-    decay, plain = params[: len(params) // 2], params[len(params) // 2 :]
-    opt = Lamb(
-        [dict(params=decay, weight_decay=wd), dict(params=plain, weight_decay=0.0)],
-        lr=1e-2,
-        device_fused=device_fused,
-    )
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=gen).to(DEVICE)
-        opt.step()
-    return opt
-
-
 SHAPES = [(3000,), (17, 33), (2048,), (5,), (4100,), (7, 9)]
-
-
-def test_the_device_kernel_steps_as_the_foreach_lamb(kernel_here):
-    ref, dev = _params(SHAPES), _params(SHAPES)
-    ref_opt, dev_opt = _run(ref, False), _run(dev, True)
-    for r, d in zip(ref, dev):
-        torch.testing.assert_close(d.data, r.data, rtol=2e-6, atol=2e-7)
-        sr, sd = ref_opt.state[r], dev_opt.state[d]
-        assert sd.keys() == sr.keys() and sd["step"] == sr["step"] == 3  # the state's layout is unchanged
-        torch.testing.assert_close(sd["exp_avg"], sr["exp_avg"], rtol=1e-5, atol=1e-7)  # lerp: another rounding
-        torch.testing.assert_close(sd["exp_avg_sq"], sr["exp_avg_sq"], rtol=1e-5, atol=1e-9)
-    assert torch.isfinite(dev[-1]).all()  # the weight that started at 0: trust 1 on its first step, no NaN
-    assert any(not torch.equal(a, b) for a, b in zip(_params(SHAPES), dev))  # it moved the weights
 
 
 def test_a_layerwise_optimizer_steps_every_layer_in_one_pass(kernel_here, monkeypatch):
