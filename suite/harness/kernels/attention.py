@@ -282,8 +282,9 @@ class _Launch:
         if mask is None:
             self.mask, self.mask_strides = q, (0, 0, 0, 0)  # a pointer never read
         else:
-            full = mask.expand(self.B, self.H, self.SQ, self.SK)
-            self.mask = full.view(torch.uint8) if full.dtype == torch.bool else (full != 0).view(torch.uint8)
+            if mask.dtype != torch.bool:  # an additive float mask would read 0 (attend) as masked
+                raise ValueError(f"keyed attention takes a boolean mask (True = attend), not {mask.dtype}")
+            self.mask = mask.expand(self.B, self.H, self.SQ, self.SK).view(torch.uint8)
             self.mask_strides = _strides4(self.mask)
         self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
         self.block_d = max(16, triton.next_power_of_2(self.D))
