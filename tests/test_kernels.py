@@ -88,7 +88,13 @@ def _mask(kind, b, s):
     "dtype,tol", [(torch.float32, 2e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"]
 )  # fp16: the eager path rounds scores and probabilities to fp16, the kernel keeps them in FP32
 @pytest.mark.parametrize(
-    "mask,p,shape", [("padding", 0.1, (3, 2, 20, 8)), (None, 0.3, (2, 2, 33, 24)), ("causal", 0.1, (2, 3, 18, 16))]
+    "mask,p,shape",
+    [
+        ("padding", 0.1, (3, 2, 20, 8)),
+        # No mask and the causal one (GPT-2's): in make test-slow, to keep make test inside its 15 minutes.
+        pytest.param(None, 0.3, (2, 2, 33, 24), marks=pytest.mark.slow),
+        pytest.param("causal", 0.1, (2, 3, 18, 16), marks=pytest.mark.slow),
+    ],
 )
 def test_fused_attention_matches_the_materialised_keyed_attention(dtype, tol, mask, p, shape):
     b, h, s, d = shape
