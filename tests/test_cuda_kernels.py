@@ -1,5 +1,5 @@
 """The Triton kernels compiled for the GPU (make test-cuda; the campaign's stage 1): every check of
-tests/test_kernels.py and tests/test_lamb_kernel.py on CUDA (bf16 among them, which the CPU's interpreter cannot
+tests/test_kernels.py on CUDA (bf16 among them, which the CPU's interpreter cannot
 run), and the attention at BERT-Large's head shape against the materialised keyed attention."""
 
 import pytest
@@ -9,7 +9,6 @@ pytest.importorskip("triton")
 
 from test_kernels import *  # noqa: E402, F403 — the same tests, collected here under the cuda mark
 from test_kernels import _attention  # noqa: E402
-from test_lamb_kernel import *  # noqa: E402, F403
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

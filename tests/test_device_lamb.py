@@ -1,7 +1,7 @@
 """The device's multi-tensor LAMB (suite/harness/kernels/lamb_step.py) at its edges: empty and zero tensors, a layer
 stepped alone, the optimizers' state layout, a counted step, a failing launch. Run by Triton's interpreter on CPU
 tensors (conftest.py sets TRITON_INTERPRET=1 without CUDA); the cuda-marked test compiles it on a GPU.
-tests/test_lamb_kernel.py holds the main comparison with torch's foreach LAMB."""
+LayerwiseOptimizer's use of it (every layer in one call) is here too."""
 
 import copy
 
@@ -84,9 +84,10 @@ def _layers(seed):
     ]
 
 
-def test_step_layer_steps_one_layer_through_the_kernel(kernel_here, monkeypatch):
-    """step_layer (pipeline stages, the planner's profile): that layer's tensors alone, in one call of the kernel,
-    the same weights as its foreach LAMB; the optimizers' state is the preallocated one, unchanged in layout."""
+def _layerwise(monkeypatch, stepping: str, steps: int = 3):
+    """LayerwiseOptimizer on the device kernel beside the per-layer foreach LAMB, the same weights and gradients,
+    stepped by `stepping` ("step": every layer at once; "step_layer": one at a time): the tensors each kernel call
+    took, the two models' weights (asserted equal), and the device side."""
     from suite.harness.kernels import lamb_step
 
     run = RunConfig(optimizer="lamb", lr=1e-2, weight_decay=0.01)
@@ -98,21 +99,43 @@ def test_step_layer_steps_one_layer_through_the_kernel(kernel_here, monkeypatch)
     dev = LayerwiseOptimizer(layers, run, impl="fused")
     ref = LayerwiseOptimizer(twin, run, impl="foreach")
     state = dev.state_tensors()
+    pairs = list(zip((x for lay in layers for x in lay), (x for lay in twin for x in lay)))
     gen = torch.Generator().manual_seed(3)
-    for step in range(3):
-        for (_, p), (_, q) in zip((x for lay in layers for x in lay), (x for lay in twin for x in lay)):
+    for step in range(steps):
+        for (_, p), (_, q) in pairs:
             p.grad = torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
-        for i in range(len(layers)):
-            dev.step_layer(i, step)
-            ref.step_layer(i, step)
-    assert calls == [3, 3] * 3  # one call per layer and step, both of its weight-decay groups in it
-    for (_, p), (_, q) in zip((x for lay in layers for x in lay), (x for lay in twin for x in lay)):
+        for opt in (dev, ref):
+            if stepping == "step":
+                opt.step(step)
+            else:
+                for i in range(len(layers)):
+                    opt.step_layer(i, step)
+    for (_, p), (_, q) in pairs:
         torch.testing.assert_close(p.data, q.data, rtol=2e-6, atol=2e-7)
     after = dev.state_tensors()
     assert len(after) == len(state) and all(a is b for a, b in zip(after, state))  # stepped in place
     for o in dev.opts:
-        assert all(s.keys() == {"step", "exp_avg", "exp_avg_sq"} and s["step"] == 3 for s in o.state.values())
+        assert all(s.keys() == {"step", "exp_avg", "exp_avg_sq"} and s["step"] == steps for s in o.state.values())
+    return calls
+
+
+def test_a_layerwise_optimizer_steps_every_layer_in_one_pass(kernel_here, monkeypatch):
+    """LayerwiseOptimizer.step on the device: all layers' groups in one call of the kernel."""
+    assert _layerwise(monkeypatch, "step") == [6] * 3  # one call a step, every tensor of every layer in it
+
+
+def test_step_layer_steps_one_layer_through_the_kernel(kernel_here, monkeypatch):
+    """step_layer (pipeline stages, the planner's profile): that layer's tensors alone, in one call of the kernel;
+    the optimizers' state is the preallocated one, unchanged in layout."""
+    assert _layerwise(monkeypatch, "step_layer") == [3, 3] * 3  # one call per layer and step, both decay groups
+
+
+def test_the_cpus_lamb_keeps_its_own_kernels_without_the_tests_switch():
+    """On a CPU run the device kernel is never taken (the host's fused kernel or foreach, as before)."""
+    params = [torch.nn.Parameter(torch.randn(10)) for _ in range(2)]
+    opt = Lamb([dict(params=params)], device_fused=True)
+    assert not opt._on_device_kernel([*params])
 
 
 def test_a_counted_step_launches_nothing_and_counts_only_the_norm_buffers(kernel_here, monkeypatch):

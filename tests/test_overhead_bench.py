@@ -44,17 +44,15 @@ def test_the_cell_runs_through_the_runner_and_renders(tmp_path, monkeypatch):
         assert "| " + " | ".join(detail_line(r["row"], s)) + " |" in page
 
 
-def test_the_plain_loop_trains_the_same_model_as_grad_accum_without_dropout():
-    """The comparison is fair: with dropout off (the one thing the two draw differently), two steps of the plain loop
-    move the weights as two of the suite's grad_accum do, its one optimizer matching the per-layer ones."""
+def _steps_alike(run, user: bool):
+    """Two steps of the suite's method and of the plain loop on the same weights: the same losses, and the same
+    weights after (but those whose gradient is zero in exact arithmetic). Returns the plain loop's step."""
     from experiments.benchmarks.overhead import plain_loop
-    from suite.config.run import ModelConfig
     from suite.core.check import build_method, relative_error
     from suite.harness.data import synthetic_batches
 
-    run = RunConfig(model=ModelConfig(dropout=0.0, attention_dropout=0.0), micro_batch_size=2, num_micro_batches=2)
     method = build_method(run.validate(), torch.device("cpu"))
-    plain = plain_loop(method.model, run, torch.device("cpu"))
+    plain = plain_loop(method.model, run, torch.device("cpu"), user=user)
     batches = synthetic_batches(run, padded=True)
     for _ in range(2):
         batch = next(batches)
@@ -63,6 +61,16 @@ def test_the_plain_loop_trains_the_same_model_as_grad_accum_without_dropout():
     for name, p in plain.model.named_parameters():
         if name not in method.model.gradient_free():
             assert relative_error(p.detach(), ours[name].detach()) < 1e-5, name
+    return plain
+
+
+def test_the_plain_loop_trains_the_same_model_as_grad_accum_without_dropout():
+    """The comparison is fair: with dropout off (the one thing the two draw differently), two steps of the plain loop
+    move the weights as two of the suite's grad_accum do, its one optimizer matching the per-layer ones."""
+    from suite.config.run import ModelConfig
+
+    run = RunConfig(model=ModelConfig(dropout=0.0, attention_dropout=0.0), micro_batch_size=2, num_micro_batches=2)
+    _steps_alike(run, user=False)
 
 
 def test_the_table3_rows_take_table3s_options_at_its_shape():
@@ -112,10 +120,7 @@ def test_a_table3_row_runs_at_tiny_against_a_users_loop(name):
 def test_the_users_loop_trains_the_same_model_as_grad_accum_with_adamw_and_recompute():
     """The user's loop (torch's fused AdamW over the model, its checkpointing) takes the suite's steps: with dropout
     off, two steps move the weights as grad_accum's per-layer AdamW recomputing each block does."""
-    from experiments.benchmarks.overhead import plain_loop
     from suite.config.run import ModelConfig
-    from suite.core.check import build_method, relative_error
-    from suite.harness.data import synthetic_batches
 
     run = RunConfig(
         model=ModelConfig(dropout=0.0, attention_dropout=0.0),
@@ -124,17 +129,8 @@ def test_the_users_loop_trains_the_same_model_as_grad_accum_with_adamw_and_recom
         optimizer="adamw",
         options={"recompute": "on"},
     )
-    method = build_method(run.validate(), torch.device("cpu"))
-    plain = plain_loop(method.model, run, torch.device("cpu"), user=True)
+    plain = _steps_alike(run, user=True)
     assert plain.checkpointing and plain.optimizer.startswith("AdamW (torch") and plain.attention == "sdpa"
-    batches = synthetic_batches(run, padded=True)
-    for _ in range(2):
-        batch = next(batches)
-        assert method.step(batch).loss == pytest.approx(plain(batch), rel=1e-5)
-    ours = dict(method.model.hf.named_parameters())
-    for name, p in plain.model.named_parameters():
-        if name not in method.model.gradient_free():
-            assert relative_error(p.detach(), ours[name].detach()) < 1e-5, name
 
 
 def test_each_sides_peak_is_its_own_less_the_other_sides_resident_bytes(monkeypatch):
