@@ -1,6 +1,7 @@
 """The native build leaves nothing behind: a kill during it leaves no compiler running, and a lock file torch left
 from a build killed half-way never makes the next load wait."""
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -58,8 +59,11 @@ def _processes_naming(text: str) -> list[str]:
 
 def test_a_stale_lock_from_a_killed_build_does_not_make_the_next_load_wait():
     assert fused_lamb.kernel() is not None  # built (make setup builds it): the folder exists
-    lock = os.path.join(_build_dir(), "lock")
-    open(lock, "w").close()  # what a build killed half-way leaves: torch's own load would wait on it for ever
+    build = _build_dir()  # this environment's own (extension_name): no other environment builds in it
+    lock = os.path.join(build, "lock")
+    with open(os.path.join(build, "memtrain.flock"), "w") as held:  # no build of this environment is running now
+        fcntl.flock(held, fcntl.LOCK_EX)
+        open(lock, "w").close()  # what a build killed half-way leaves: torch's own load would wait on it for ever
     env = {**os.environ, "PYTHONPATH": ROOT}
     out = subprocess.run([sys.executable, "-c", LOADER], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "loaded", out.stderr[-2000:]
@@ -80,3 +84,23 @@ def test_a_sigterm_during_the_build_leaves_no_compiler_running(tmp_path):
     build = _build_dir(str(tmp_path))
     with fused_lamb._build_lock(__import__("pathlib").Path(build)):  # the next build: any lock left is gone
         assert not os.path.exists(os.path.join(build, "lock"))
+
+
+def test_each_torch_installation_builds_in_a_folder_of_its_own(monkeypatch):
+    """Two environments (two venvs, even of one torch) never share a build folder, whose ninja rule names one
+    installation's include paths: shared, each would rebuild it after the other. One environment's name is stable
+    (every checkout and cell process that uses it loads the same build)."""
+    import torch
+
+    _, digest = fused_lamb.shared_source()
+    here = fused_lamb.extension_name(digest)
+    child = subprocess.run(
+        [sys.executable, "-c", f"from suite.harness import fused_lamb; print(fused_lamb.extension_name({digest!r}))"],
+        env={**os.environ, "PYTHONPATH": ROOT}, cwd="/", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.stdout.strip() == here, child.stderr[-2000:]
+    monkeypatch.setattr(torch, "__file__", "/elsewhere/venv/lib/site-packages/torch/__init__.py")
+    assert fused_lamb.extension_name(digest) != here
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert fused_lamb.extension_name(digest) != here

@@ -1,5 +1,5 @@
-"""The host's fused LAMB kernel (csrc/lamb.cpp), built once per source and CPU and shared by every checkout, or
-None with a warning."""
+"""The host's fused LAMB kernel (csrc/lamb.cpp), built once per source, CPU and torch installation and shared by
+every checkout that uses that installation, or None with a warning."""
 
 from __future__ import annotations
 
@@ -36,11 +36,24 @@ def _cpu_tag() -> str:
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
+def _torch_tag() -> str:
+    """A short digest of the torch installation a build compiles against: where it lies (the build's rule names its
+    include folders), its version and the Python headers. Two environments, even of the same torch, each have their
+    own build; checkouts that share one environment share its build."""
+    import sysconfig
+
+    import torch
+
+    where = os.path.realpath(os.path.dirname(torch.__file__))
+    text = "|".join((where, torch.__version__, sysconfig.get_paths().get("include", ""), sys.version.split()[0]))
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+
+
 def shared_source() -> tuple[Path, str]:
     """The kernel's source, copied to a path named by its digest under torch's extension folder, and that digest.
     Every checkout of the same source builds from this one path under one name, so the build (and ninja's rule,
-    which names the source's path) is one per source and CPU, made once and reused by every checkout and cell
-    process; a changed source is a new name, built anew."""
+    which names the source's path) is one per source, CPU and torch installation, made once and reused by every checkout and cell
+    process of one torch installation (extension_name); a changed source is a new name, built anew."""
     text = SOURCE.read_bytes()
     digest = hashlib.blake2b(text, digest_size=6).hexdigest()
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
@@ -54,8 +67,10 @@ def shared_source() -> tuple[Path, str]:
 
 
 def extension_name(digest: str) -> str:
-    """The extension's name (and its build folder's): one per source digest and CPU."""
-    return f"memtrain_lamb_{_cpu_tag()}_{digest}"
+    """The extension's name (and its build folder's): one per source digest, CPU and torch installation. One folder
+    built by two environments would be rebuilt back and forth: its rule holds the include paths of whichever built
+    it last (seen: some 43 rebuilds in 20 minutes, each about 25 s of a core, inside cell processes)."""
+    return f"memtrain_lamb_{_cpu_tag()}_{_torch_tag()}_{digest}"
 
 
 _why: list[str] = []  # why the build failed in this process, if it did
