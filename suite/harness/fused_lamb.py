@@ -52,8 +52,8 @@ def _torch_tag() -> str:
 def shared_source() -> tuple[Path, str]:
     """The kernel's source, copied to a path named by its digest under torch's extension folder, and that digest.
     Every checkout of the same source builds from this one path under one name, so the build (and ninja's rule,
-    which names the source's path) is one per source, CPU and torch installation, made once and reused by every checkout and cell
-    process of one torch installation (extension_name); a changed source is a new name, built anew."""
+    which names the source's path) is one per source, CPU and torch installation (extension_name), made once and
+    reused by every checkout and cell process of that installation; a changed source is a new name, built anew."""
     text = SOURCE.read_bytes()
     digest = hashlib.blake2b(text, digest_size=6).hexdigest()
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
