@@ -95,3 +95,45 @@ def test_every_catalogue_entry_loads_and_every_experiment_module_is_entered():
         if hasattr(importlib.import_module(i.name), "EXPERIMENT")
     }
     assert defining == entered
+
+
+def test_a_method_loads_its_own_module_alone():
+    """Asking for one method imports its module alone (no peer library, no other method)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from suite.core import registry; registry.get('amp'); registry.is_registered('l2l-cmp'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('methods.', 'baselines.'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(eval(out))
+    assert {"baselines.amp", "methods.l2l.method"} <= loaded, out
+    assert not [m for m in loaded if m.startswith(("methods.peers", "methods.pipe", "methods.gpipe"))], out
+
+
+def test_the_method_catalogue_lists_every_method_the_packages_register_with_its_module():
+    registry.load_all()
+    built_in = {n: c.__module__ for n, c in registry._REGISTRY.items() if c.__module__.startswith(registry.PACKAGES)}
+    assert built_in == {n: registry.METHODS.entry(n).where for n in registry.METHODS.names()}
+
+
+def test_a_method_file_no_catalogue_line_names_is_found_by_name(tmp_path, monkeypatch):
+    """A user's one new file registers its method when the name is first asked for; its helper modules (nothing
+    registered) are never imported."""
+    pkg = tmp_path / "user_methods"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mine.py").write_text(
+        "from baselines.grad_accum import GradAccum\nfrom suite.core.registry import register\n\n\n"
+        '@register("user-mine")\nclass Mine(GradAccum):\n    pass\n'
+    )
+    (pkg / "helper.py").write_text("import atexit\natexit.register(print)\nraise ImportError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "PACKAGES", (*registry.PACKAGES, "user_methods"))
+    monkeypatch.setattr(registry, "_DISCOVERED", False)
+    try:
+        assert registry.get("user-mine").__name__ == "Mine"
+        assert "user-mine" in registry.names()
+    finally:
+        registry.unregister("user-mine")

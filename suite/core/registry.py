@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
-import pkgutil
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from suite.config.errors import ConfigError, did_you_mean
+from suite.core.catalogue import Catalogue, Entry
 
 
 @dataclass(frozen=True)
@@ -176,20 +179,70 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-_LOADED = False
+# Every method by name and the module that registers it, imported only when the name is first asked for (as kinds
+# and experiments are). A method file added to baselines/ or methods/ without a line here still works: a name no one
+# lists makes the registry import the unlisted modules there that register something (and SUITE_PLUGINS' modules).
+METHODS = Catalogue(
+    "method",
+    [
+        (name, Entry(module))
+        for module, names in (
+            ("baselines.grad_accum", ("grad_accum",)),
+            ("baselines.amp", ("amp",)),
+            ("methods.l2l.method", ("l2l", "l2l-cmp")),
+            ("methods.gpipe", ("gpipe",)),
+            ("methods.pipedream_flush", ("pipedream-flush",)),
+            ("methods.pipedream_2bw", ("pipedream-2bw",)),
+            ("methods.pipedream_2bw_reference", ("2bw-reference",)),
+            ("methods.peers.fsdp", ("fsdp-offload",)),
+            ("methods.peers.deepspeed_offload", ("deepspeed-offload", "deepspeed-infinity")),
+            (
+                "methods.peers.torch_pipelining",
+                (
+                    "torch-gpipe",
+                    "torch-1f1b",
+                    "torch-interleaved-1f1b",
+                    "torch-looped-bfs",
+                    "torch-zero-bubble",
+                    "torch-zbv",
+                    "torch-dualpipev",
+                ),
+            ),  # fmt: skip
+        )
+        for name in names
+    ],
+)
+PACKAGES = ("baselines", "methods")  # where an unlisted method file is looked for
+_REGISTERS = re.compile(r"(?<![\w.])register\(")  # `@register("name")`, not `atexit.register(`
+_DISCOVERED = False
+
+
+def _discover() -> None:
+    """Import SUITE_PLUGINS' modules and every module of PACKAGES that no catalogue line names and whose source
+    registers a method (read as text first: helper modules are not imported), once per process."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    load_plugins()
+    listed = {e.where for e in (METHODS.entry(n) for n in METHODS.names())}
+    for pkg_name in PACKAGES:
+        spec = importlib.util.find_spec(pkg_name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for root in spec.submodule_search_locations:
+            for path in sorted(Path(root).rglob("*.py")):
+                parts = path.relative_to(root).with_suffix("").parts
+                module = ".".join((pkg_name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+                if module not in listed and _REGISTERS.search(path.read_text(errors="replace")):
+                    importlib.import_module(module)
 
 
 def load_all() -> None:
-    """Import every module of `baselines` and `methods` (and SUITE_PLUGINS) so that they register."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    for pkg_name in ("baselines", "methods"):
-        pkg = importlib.import_module(pkg_name)
-        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
-            importlib.import_module(info.name)
-    load_plugins()
+    """Import every method: the catalogue's modules, then any unlisted one (_discover)."""
+    for module in sorted({METHODS.entry(n).where for n in METHODS.names()}):
+        importlib.import_module(module)
+    _discover()
 
 
 def load_plugins() -> None:
@@ -198,22 +251,33 @@ def load_plugins() -> None:
         importlib.import_module(mod.strip())
 
 
+def _find(name: str) -> type[Method] | None:
+    """The class registered as `name`, importing only what it takes: its catalogue module, else the plugins and
+    any unlisted method file."""
+    if name not in _REGISTRY and name in METHODS:
+        module = METHODS.entry(name).where
+        importlib.import_module(module)
+        if name not in _REGISTRY:
+            raise RuntimeError(f"the method catalogue names {module} for {name!r}, which registers no such method")
+    if name not in _REGISTRY:
+        _discover()
+    return _REGISTRY.get(name)
+
+
 def names() -> list[str]:
-    load_all()
-    return sorted(_REGISTRY)
+    """Every method's name: the catalogue's (nothing imported for them) and any other that registers."""
+    _discover()
+    return sorted(set(METHODS.names()) | set(_REGISTRY))
 
 
 def is_registered(name: str) -> bool:
-    load_all()
-    return name in _REGISTRY
+    return _find(name) is not None
 
 
 def get(name: str) -> type[Method]:
     """The Method class called `name`; a typo gets the closest names."""
-    load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(
-            f"unknown method {name!r}{did_you_mean(name, _REGISTRY)}; "
-            f"registered methods: {', '.join(sorted(_REGISTRY))}"
-        )
-    return _REGISTRY[name]
+    cls = _find(name)
+    if cls is None:
+        known = names()
+        raise ConfigError(f"unknown method {name!r}{did_you_mean(name, known)}; registered methods: {', '.join(known)}")
+    return cls
