@@ -18,8 +18,8 @@ from pathlib import Path
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.core.experiment import Cell, get_experiment
-from suite.core.launcher import close_shared_worker
 from suite.core.request import SweepRequest
+from suite.core.worker_client import close_shared_worker
 from suite.estimate import estimate
 from suite.measure.machine import describe, fingerprint
 from suite.records.schema import Record

@@ -11,7 +11,7 @@ A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus
   its cap (for an offloading peer, a count made against the cap plus what its offload keeps on the host);
 - a cell in the campaign's worker pays WORKER_CELL_S (copy of the pooled model, upload, first steps' kernels) and
   the build of its model where the pool does not hold that shape: the worker runs each round's cells grouped by
-  shape (suite.core.launcher.by_shape), and its pool keeps a model up to an eighth of the target's host memory
+  shape (suite.core.schedule.by_shape), and its pool keeps a model up to an eighth of the target's host memory
   (suite.harness.model.pool_limit); the worker's own start is paid once a stage (each stage is one command on a
   lent GPU, and so one worker). Both come from the
   fresh-process overhead the target's records show (their duration per round less their timed part), fitted as a
@@ -36,8 +36,8 @@ from suite.config import paths
 from suite.core import precount
 from suite.core.experiment import Cell, get_experiment
 from suite.core.kinds import kind
-from suite.core.launcher import by_shape, pooled, shape_of
 from suite.core.registry import get as get_method
+from suite.core.schedule import by_shape, pooled, shape_of
 from suite.harness.model import param_count, pool_limit, shape_key
 from suite.measure import flops
 from suite.measure.provenance import code_digest

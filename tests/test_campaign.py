@@ -8,7 +8,7 @@ import pytest
 from test_runner import make_experiment
 
 from suite import campaign, cli
-from suite.core import plan, runner
+from suite.core import launcher, plan, runner
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
@@ -75,7 +75,7 @@ def test_a_sweep_cut_at_its_deadline_resumes_its_rounds_in_the_same_sweep(tmp_pa
     clock, order = [1000.0], []
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
     monkeypatch.setattr(
-        runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0], "b": [20.0, 30.0, 25.0]}, order, clock)
+        launcher, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0], "b": [20.0, 30.0, 25.0]}, order, clock)
     )
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
     seen = []
@@ -100,7 +100,7 @@ def test_rounds_of_another_methodology_are_not_resumed(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "m")
     clock, order = [0.0], []
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
-    monkeypatch.setattr(runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0, 13.0]}, order, clock))
+    monkeypatch.setattr(launcher, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0, 13.0]}, order, clock))
     exp = make_experiment([Row("a", "grad_accum")])
     sweep(
         SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2, deadline=15.0),
@@ -124,7 +124,7 @@ def test_partial_figures_are_shown_as_partial_and_a_smaller_ask_finishes_them(tm
     monkeypatch.setenv("SUITE_MACHINE", "m")
     clock, order = [0.0], []
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
-    monkeypatch.setattr(runner, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0]}, order, clock))
+    monkeypatch.setattr(launcher, "run_cell", _fake_cell({"a": [10.0, 12.0, 11.0]}, order, clock))
     exp = make_experiment([Row("a", "grad_accum")])
     sweep(
         SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3, deadline=25.0),

@@ -16,7 +16,9 @@ from test_runner import make_experiment
 from suite.cli import main
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes, torchrun_command
-from suite.core import launcher, registry, runner
+from suite.core import launcher as launcher_module
+from suite.core import nodes as node_module
+from suite.core import registry, runner
 from suite.core.experiment import Row
 from suite.core.nodes import Coordinator
 from suite.core.request import SweepRequest
@@ -111,7 +113,8 @@ def test_node_0_writes_every_record_and_takes_rank_0s_from_the_node_that_got_it(
         failure = f"error: cell process exited with code {code} without a record"
         return None, {"status": failure, "metrics": {}, "error": "", "provenance": None}
 
-    monkeypatch.setattr(launcher, "launch", fake_launch)
+    for module in (launcher_module, node_module):  # a single-rank cell's launch, a multi-rank one's on each node
+        monkeypatch.setattr(module, "launch", fake_launch)
     registry.load_all()  # here, not in two threads at once
     endpoint = f"127.0.0.1:{free_port()}"
     out = {}

@@ -71,13 +71,13 @@ def test_an_outcome_off_the_schema_becomes_an_error_status(monkeypatch):
     error, not a record the store would later refuse."""
     import sys
 
-    from suite.core import launcher
+    from suite.core import process
 
     def bad_cell(world, cfg_path, out_path, nodes, rdzv_id):
         outcome = {"status": "ok", "metrics": None, "provenance": None}
         return [sys.executable, "-c", f"import json; json.dump({outcome!r}, open({out_path!r}, 'w'))"]
 
-    monkeypatch.setattr(launcher, "_command", bad_cell)
-    record, failure = launcher.launch({"row": "r"}, 1, 60.0)
+    monkeypatch.setattr(process, "_command", bad_cell)
+    record, failure = process.launch({"row": "r"}, 1, 60.0)
     assert record is None and failure["status"].startswith("error: the cell's outcome does not match")
     assert "'metrics' is a NoneType" in failure["status"]

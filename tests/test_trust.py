@@ -13,7 +13,7 @@ from test_runner import TINY  # the one-block model the runner tests use
 
 from suite.cli import build_parser, main
 from suite.config.errors import ConfigError
-from suite.core import registry, runner
+from suite.core import launcher, registry
 from suite.core.experiment import Experiment, Metric, Row
 from suite.core.request import SweepRequest
 from suite.core.rounds import merge
@@ -170,7 +170,7 @@ def test_rounds_interleave_the_cells_and_report_median_and_spread(tmp_path, monk
     monkeypatch.setenv("SUITE_MACHINE", "m")
     order = []
     monkeypatch.setattr(
-        runner,
+        launcher,
         "run_cell",
         fake_cell({"a": [10.0, 12.0, 11.0], "b": [20.0, 30.0, 25.0], "c": [10.5, 11.5, 11.0]}, order),
     )
@@ -301,7 +301,7 @@ def _alive(pid: int) -> bool:
     ],
 )
 def test_multi_rank_constraints_fail_before_any_process_is_launched(row, words, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("a process was launched"))
+    monkeypatch.setattr(launcher, "run_cell", lambda *a, **k: pytest.fail("a process was launched"))
     with pytest.raises(ConfigError) as err:
         sweep(SweepRequest(make_experiment([row]), "tiny", results_dir=tmp_path, wandb_mode="off"), progress=quiet)
     msg = str(err.value)

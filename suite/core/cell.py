@@ -22,15 +22,14 @@ from suite.records.schema import Outcome
 def check_cells(cells) -> None:
     """Every method constraint of every cell, before any process is launched: a broken one is a one-line
     ConfigError naming the cell, the constraint and a valid choice (not a traceback from every rank)."""
-    from suite.core import registry
-
     for cell in cells:
-        if not kind(cell.kind).builds_method or not registry.is_registered(cell.run.method):
+        method = cell.method_class
+        if not cell.spec.builds_method or method is None:
             continue
-        if registry.get(cell.run.method).unavailable() is not None:
+        if method.unavailable() is not None:
             continue  # recorded not_implemented with the reason by the runner; the rest of the sweep runs
         try:
-            registry.get(cell.run.method).check_config(cell.run)
+            method.check_config(cell.run)
         except ConfigError as exc:
             raise ConfigError(f"{cell.experiment}/{cell.row.name}: {exc}") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from suite.config.errors import ConfigError, did_you_mean
 from suite.config.run import RunConfig, apply_overrides, override_keys
 from suite.core import registry
 from suite.core.catalogue import Catalogue, Entry
+from suite.core.kinds import CellKind, kind
 from suite.harness import rng
 from suite.harness.device import device_type
 from suite.measure.step import METHODOLOGY_VERSION
@@ -86,6 +88,23 @@ class Cell:
             **rng.harness_key(device_type(self.run.device)),
             **({"nnodes": self.nnodes} if self.nnodes > 1 else {}),  # keys of one-node cells stay as they were
         }
+
+    @functools.cached_property
+    def spec(self) -> CellKind:
+        """The cell's kind (what the runner must know of it), resolved once."""
+        return kind(self.kind)
+
+    @functools.cached_property
+    def method_class(self) -> type[registry.Method] | None:
+        """The class of the cell's method, resolved once; None where no method of that name is registered."""
+        return registry.get(self.run.method) if registry.is_registered(self.run.method) else None
+
+    @functools.cached_property
+    def world(self) -> int:
+        """How many ranks the cell runs on (through torchrun when more than one); a count takes every rank in one."""
+        if self.spec.one_process or self.method_class is None:
+            return 1
+        return self.method_class.world_size(self.run)
 
     @property
     def key(self) -> str:

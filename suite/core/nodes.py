@@ -23,6 +23,9 @@ import torch.distributed as dist
 
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes
+from suite.core.experiment import Cell
+from suite.core.process import launch
+from suite.records.schema import Outcome
 
 JOIN = timedelta(seconds=600)  # how long node 0 waits for the others to join, and they for node 0 to listen
 IDLE = timedelta(days=1)  # how long a following node waits for node 0's next launch (single-rank cells run between)
@@ -142,3 +145,42 @@ class Coordinator:
     def report(self, n: int, record: dict | None) -> None:
         """What this node got from launch `n`: rank 0's record, or None (rank 0 ran elsewhere, or failed)."""
         self.store.set(f"suite/record/{n}/{self.nodes.node_rank}", json.dumps(record, default=str))
+
+
+def lead(cell: Cell, timeout: float, coord: Coordinator, sweep_id: str) -> Outcome:
+    """Node 0's side of a multi-rank cell across nodes: post the launch, run this node's ranks, and take rank 0's
+    record from this node or from the node that got it."""
+    nodes, world = coord.nodes, cell.world
+    payload, rdzv_id = cell.resolved(), f"{nodes.rdzv_id}-{sweep_id}-{coord.posted}"
+    tag = f"{cell.experiment}/{cell.row.name} (launch {coord.posted + 1} of sweep {sweep_id})"
+    n = coord.post({"payload": payload, "world": world, "timeout": timeout, "rdzv_id": rdzv_id, "tag": tag})
+    started = time.monotonic()
+    record, failure = launch(payload, world, timeout, nodes, rdzv_id)
+    where = 0
+    if record is None and failure["status"] not in ("timeout", "error: interrupted"):
+        # Rank 0 ran on another node (or failed): its node reports when its own agent is done.
+        got = coord.record(n, timeout - (time.monotonic() - started) + 30)
+        if got is not None:
+            where, record = got
+    if record is None:
+        return failure
+    return {**record, "rank0_node": where}
+
+
+def follow(nodes: Nodes, progress=print) -> None:
+    """A node other than 0: run this node's ranks of every launch node 0 posts, send back rank 0's record when it
+    ran here, and write nothing (node 0 writes the records)."""
+    coord = Coordinator.join(nodes)
+    progress(
+        f"node {nodes.node_rank} of {nodes.nnodes}: following node 0 at {nodes.endpoint} (node 0 writes the records)"
+    )
+    for n, job in coord.launches():
+        progress(f"{job['tag']}: running this node's {nodes.ranks_per_node(job['world'])} rank(s) ...")
+        started = time.time()
+        record, failure = launch(job["payload"], job["world"], job["timeout"], nodes, job["rdzv_id"])
+        coord.report(n, record)
+        outcome = "rank 0 ran here, its record sent to node 0" if record else failure["status"].splitlines()[0]
+        if record is None and failure["status"].startswith("error: cell process exited with code 0"):
+            outcome = "done (rank 0 ran on another node)"
+        progress(f"{job['tag']}: {outcome} in {time.time() - started:.1f}s")
+    progress(f"node {nodes.node_rank}: node 0 ended the sweep")

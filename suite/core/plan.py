@@ -14,7 +14,6 @@ from suite.core import registry
 from suite.core.cell import check_cells
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
-from suite.core.launcher import world_of
 from suite.core.request import SweepRequest
 from suite.core.rounds import resumable
 from suite.measure.provenance import code_digest
@@ -67,8 +66,8 @@ def expand(req: SweepRequest) -> list[Cell]:
     if not req.nodes.multi:
         return cells
     for c in cells:
-        if world_of(c) > 1:
-            req.nodes.ranks_per_node(world_of(c), f"{c.experiment}/{c.row.name}: ")
+        if c.world > 1:
+            req.nodes.ranks_per_node(c.world, f"{c.experiment}/{c.row.name}: ")
     return [dataclasses.replace(c, nnodes=req.nodes.nnodes) for c in cells]
 
 

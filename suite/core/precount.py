@@ -15,9 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from suite.core import registry
 from suite.core.experiment import Cell
-from suite.core.kinds import is_timed
 from suite.records.schema import Outcome
 
 FOLDER = Path("campaign") / "precount"
@@ -29,8 +27,8 @@ def capped(cells: list[Cell]) -> list[Cell]:
     return [
         c
         for c in cells
-        if c.run.device_memory and is_timed(c.kind) and registry.is_registered(c.run.method)
-        and registry.get(c.run.method).count_allowance(c.run) is not None
+        if c.run.device_memory and c.spec.timed and c.method_class is not None
+        and c.method_class.count_allowance(c.run) is not None
     ]  # fmt: skip
 
 

@@ -5,30 +5,21 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from suite.core import precount
+from suite.core import launcher, precount
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
-from suite.core.launcher import (
-    by_shape,
-    follow,
-    kill_running,
-    pooled,
-    run_cell,
-    run_cell_on_nodes,
-    shared_worker,
-    world_of,
-)
-from suite.core.nodes import Coordinator
+from suite.core.launcher import Fresh, choose
+from suite.core.nodes import follow
 from suite.core.plan import Plan, expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
 from suite.core.rounds import merge
 from suite.measure.machine import fingerprint
 from suite.records import store
-from suite.records.schema import Outcome, Record
+from suite.records.schema import Outcome, Record, failed
 
 
 def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tuple[list[Cell], list[Record]]:
@@ -59,8 +50,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     for cell in [c for c in cells if c.key in p.twins]:
         records[cell.key] = recorder.save(cell, p.twins[cell.key], final=True)
     for cell in [c for c in cells if c.key in p.not_run]:
-        outcome = {"status": "not_implemented", "metrics": {}, "error": p.not_run[cell.key], "provenance": None}
-        records[cell.key] = recorder.save(cell, outcome)
+        records[cell.key] = recorder.save(cell, failed("not_implemented", p.not_run[cell.key]))
     if p.todo or p.complete:
         if req.measure == "count":
             verb, how = "counting", "memory counted on fake tensors, once per cell"
@@ -74,7 +64,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     for cell in p.complete:  # resumed with as many rounds as this call asks for: finished as it stands
         records[cell.key] = recorder.save(cell, merge(p.resumed[cell.key], len(p.resumed[cell.key])))
     records.update(Rounds(req, p, recorder, progress).run())
-    pending: Outcome = {"status": "pending: left at the deadline", "metrics": {}, "provenance": None}
+    pending = failed("pending: left at the deadline")
     return cells, [records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) or pending for c in cells]
 
 
@@ -99,19 +89,16 @@ def counted_past_cap(
             f"{len(eligible) - len(fresh)} of {len(eligible)} capped cell(s) counted before (results/campaign/precount)"
         )
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        counts = {c.key: pool.submit(run_cell, precount.count_of(c), timeout) for c in fresh}
+        counts = {c.key: pool.submit(launcher.run_cell, precount.count_of(c), timeout) for c in fresh}
     out: dict[str, Outcome] = {}
     for c in eligible:
         got = stored.get(c.key) or counts[c.key].result()
         if got["status"] != "oom":
             continue
         where = " before, in results/campaign/precount" if stored.get(c.key) else ""
-        out[c.key] = {
-            "status": "oom",
-            "metrics": {**got["metrics"], "memory_kind": f"counted (fake tensors){where}: past the cap, not run"},
-            "error": f"not run: its count passed the {c.run.device_memory} device cap ({got['metrics']})",
-            "provenance": got["provenance"],
-        }
+        metrics = {**got["metrics"], "memory_kind": f"counted (fake tensors){where}: past the cap, not run"}
+        why = f"not run: its count passed the {c.run.device_memory} device cap ({got['metrics']})"
+        out[c.key] = {**failed("oom", why, metrics), "provenance": got["provenance"]}
         progress(f"{c.experiment}/{c.row.name}: oom (counted{where} past its {c.run.device_memory} cap; not run)")
     return out
 
@@ -128,9 +115,7 @@ class Rounds:
         self.todo, self.tags, self.sweep = p.todo, p.tags, p.sweep
         self.done = {c.key: list(p.resumed.get(c.key, [])) for c in p.todo}  # each cell's rounds: resumed, then new
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
-        self.coord: Coordinator | None = None
-        self.counts: dict[str, Future] = {}
-        self.worker = shared_worker() if req.worker and req.measure == "time" else None
+        self.launcher: Fresh | None = None  # chosen when the rounds start (launcher.choose)
         # For the time left: the cell-rounds this call has to run, and the seconds those run so far took.
         self.total = sum(max(self.planned(c) - len(self.done[c.key]), 0) for c in p.todo)
         self.ran, self.spent = 0, 0.0
@@ -144,25 +129,16 @@ class Rounds:
         done = self.done[cell.key]
         return r <= self.planned(cell) and len(done) < r and not (done and done[-1]["status"] != "ok")
 
-    def in_order(self, cells: list[Cell], r: int) -> list[Cell]:
-        """Round `r`'s cells in the plan's order or, with a worker, grouped by model shape (launcher.by_shape)."""
-        return cells if self.worker is None else by_shape(cells, r)
-
     def run(self) -> dict[str, Record]:
         """Every due cell-round, round by round; returns the records made."""
         records: dict[str, Record] = {}
         req = self.req
-        self.coord = Coordinator.host(req.nodes, self.progress) if req.nodes.multi else None  # holds the rendezvous
-        # Counts are not timings: they run side by side, one per core (each its own process), and are taken in order.
-        parallel = req.measure == "count" and self.coord is None and req.deadline is None
-        ahead = ThreadPoolExecutor(os.cpu_count() or 1) if parallel else None
-        if ahead is not None:
-            fresh = [c for c in self.todo if not self.done[c.key]]
-            self.counts = {c.key: ahead.submit(run_cell, c, req.timeout) for c in fresh}
+        fresh = [c for c in self.todo if not self.done[c.key]]
+        self.launcher = choose(req, self.sweep, fresh, self.progress)
         completed = False
         try:
             for r in range(1, req.rounds + 1):
-                for cell in self.in_order([c for c in self.todo if self.due(c, r)], r):
+                for cell in self.launcher.order([c for c in self.todo if self.due(c, r)], r):
                     planned = self.planned(cell)
                     tag = self.tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
                     if req.deadline is not None and (self.left or time.time() + self.longest > req.deadline):
@@ -176,12 +152,7 @@ class Rounds:
                         raise self.interrupted(cell, tag) from None
             completed = True
         finally:
-            if not completed:
-                kill_running()  # counts running ahead in their threads, each its own process
-            if ahead is not None:
-                ahead.shutdown(wait=completed, cancel_futures=True)
-            if self.coord is not None:
-                self.coord.finish(wait=completed)  # the other nodes stop following
+            self.launcher.close(completed)  # where it did not complete: every cell process at once
         if self.left:
             n = len(self.left)
             self.hold("left at the deadline; the same command runs it in this sweep")
@@ -193,8 +164,7 @@ class Rounds:
         runs it joins the sweep (suite.core.plan) and its ratios hold."""
         for cell in self.todo:
             if not self.done[cell.key]:
-                pending: Outcome = {"status": f"pending: {why}", "metrics": {}, "provenance": None}
-                self.recorder.save(cell, pending)
+                self.recorder.save(cell, failed(f"pending: {why}"))
 
     def interrupted(self, cell: Cell, tag: str) -> Interrupted:
         """The running round is discarded; the cell's finished rounds are saved as a partial record (in this sweep,
@@ -213,14 +183,7 @@ class Rounds:
         """One round of `cell`: run it, merge it with the rounds before, save the record, report it."""
         self.progress(f"{tag}: running ...")
         started = time.time()
-        if self.coord is not None and world_of(cell) > 1:
-            outcome = run_cell_on_nodes(cell, self.req.timeout, self.coord, self.sweep, tag)
-        elif cell.key in self.counts:
-            outcome = self.counts.pop(cell.key).result()
-        elif self.worker is not None and pooled(cell):
-            outcome = self.worker.run(cell.resolved(), cell.timeout if self.req.timeout is None else self.req.timeout)
-        else:
-            outcome = run_cell(cell, self.req.timeout)
+        outcome = self.launcher.run(cell, self.req.timeout)
         took = time.time() - started
         if outcome["status"] == "error: interrupted":
             raise KeyboardInterrupt

@@ -6,7 +6,7 @@ device's context, compiled kernels and each model shape's build are paid once, n
 Each job's outcome is written to its `out` path (atomically), as a cell process writes it, with
 `provenance.worker` saying which worker and job it was and what its pool held. Between jobs the allocator's
 cache, its peak statistics and memory cap, and the host's peak resident set are reset. The runner's side
-(suite.core.launcher.Worker) starts it under the orphan guard, times each job out, and records a dead worker's
+(suite.core.worker_client.Worker) starts it under the orphan guard, times each job out, and records a dead worker's
 job with its status. Every method takes its copy from the pool, L2L among them: the pool's pristine model stays
 resident through the job, so a job's host peak (`host_peak_gb`) holds `pool_held_bytes` besides its own.
 """

@@ -47,6 +47,12 @@ class Record(Outcome):
     reused_from: NotRequired[dict[str, Any]]
 
 
+def failed(status: str, error: str | None = None, metrics: dict | None = None) -> Outcome:
+    """The outcome of a cell that measured nothing itself (it failed, timed out, was left, or is not run): its one
+    status, why, and any figures that speak for it (a count's)."""
+    return {"status": status, "metrics": dict(metrics or {}), "error": error, "provenance": None}
+
+
 def _matches(value: Any, hint: Any) -> bool:
     origin = typing.get_origin(hint)
     if origin is NotRequired:

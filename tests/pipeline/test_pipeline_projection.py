@@ -14,7 +14,7 @@ from methods.pipeline.planner.projection import (
     project,
 )
 from suite.core import cell as cell_mod
-from suite.core import runner
+from suite.core import launcher
 from suite.core.request import SweepRequest
 from suite.sweep import sweep
 
@@ -119,7 +119,7 @@ def test_max_layers_is_the_last_count_that_fits():
 
 @pytest.mark.slow  # the projected cells are checked above; this renders a whole sweep's table and figure
 def test_sweep_writes_table_and_figure(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "run_cell", lambda c, timeout=None: cell_mod.execute(c.resolved()))
+    monkeypatch.setattr(launcher, "run_cell", lambda c, timeout=None: cell_mod.execute(c.resolved()))
     for exp in (fig6_2bw, fig7_2bw, fig8_2bw, fig9_2bw):
         only = [n for n, c in _cells(exp).items() if c.kind == "projected"]
         records = sweep(

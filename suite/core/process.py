@@ -1,0 +1,105 @@
+"""Starts a cell's processes: one, or torchrun's ranks on this machine or this node's share of several, each in
+a session of its own that dies with the runner; returns the record the cell wrote or the status it gets without one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from suite.config import paths
+from suite.config.launch import Nodes, torchrun_command
+from suite.records.schema import Outcome, failed, problems
+
+
+def _command(world: int, cfg_path: str, out_path: str, nodes: Nodes | None, rdzv_id: str | None) -> list[str]:
+    guard = [sys.executable, "-m", "suite.core.orphans", str(os.getpid())]  # dies with this runner
+    if world > 1:  # this machine's ranks, or this node's share of them (node 0's sweep holds the rendezvous store)
+        return guard + torchrun_command(world, "suite.core.cell", [cfg_path, out_path], nodes, rdzv_id, store_held=True)
+    return guard + [sys.executable, "-m", "suite.core.cell", cfg_path, out_path]
+
+
+def cell_env(ranks_here: int) -> dict:
+    """A cell process's environment: the tree on its path, and one OpenMP team per core across this machine's
+    ranks (oversubscribed teams spin and can make a small CPU step tens of times slower; an explicit
+    OMP_NUM_THREADS wins)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [paths.ROOT, os.environ.get("PYTHONPATH")]))}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_here)))
+    return env
+
+
+_running: set[subprocess.Popen] = set()  # cell processes of this runner now running (counts run several at once)
+
+
+def kill_running() -> None:
+    """Kill every cell process this runner has running, each with its session (an interrupted sweep's counts)."""
+    for proc in list(_running):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def launch(
+    payload: dict, world: int, timeout: float, nodes: Nodes | None = None, rdzv_id: str | None = None
+) -> tuple[Outcome | None, Outcome]:
+    """Run the cell `payload` (Cell.resolved()) on `world` ranks, this node's share of them when `nodes` spans
+    several. Returns (rank 0's record if it was written on this node, else None; the record the cell gets
+    without it: `timeout`, `oom` when the kernel killed it, or an error with the log's tail)."""
+    with tempfile.TemporaryDirectory(prefix="suite-cell-") as tmp:
+        cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
+        with open(cfg_path, "w") as f:
+            json.dump(payload, f, default=str)
+        here = nodes.ranks_per_node(world) if nodes is not None and world > 1 else world
+        with open(log_path, "w") as log:
+            # A new session so that a timeout kills the cell and every rank it started.
+            proc = subprocess.Popen(
+                _command(world, cfg_path, out_path, nodes, rdzv_id),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=cell_env(here),
+                cwd=paths.ROOT,
+                start_new_session=True,
+            )
+            status = None
+            _running.add(proc)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+            except KeyboardInterrupt:
+                status = "error: interrupted"
+            finally:
+                _running.discard(proc)
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        log_tail = Path(log_path).read_text(errors="replace")[-4000:]
+        if status is None and os.path.exists(out_path):
+            outcome, status = read_outcome(out_path)
+            if outcome is not None:
+                return outcome, {}
+        if status is None:
+            status = exit_status(proc.returncode, "cell process")
+        return None, failed(status, log_tail)
+
+
+def exit_status(code: int | None, what: str) -> str:
+    """The status of a process that ended without a record: `oom` when SIGKILL ended it (the kernel's OOM killer)."""
+    if code is not None and code < 0 and -code == signal.SIGKILL:
+        return "oom"
+    return f"error: {what} exited with code {code} without a record"
+
+
+def read_outcome(out_path: str) -> tuple[Outcome | None, str | None]:
+    """The outcome a cell process wrote, or the error status of one that does not match the record schema."""
+    with open(out_path) as f:
+        outcome = json.load(f)
+    if not (wrong := problems(outcome, Outcome)):
+        return outcome, None
+    return None, f"error: the cell's outcome does not match the record schema: {', '.join(wrong)}"[:300]

@@ -1,0 +1,117 @@
+"""The runner's side of the long-lived cell process (suite.core.worker) that single-rank throughput cells share."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from suite.config import paths
+from suite.core.process import cell_env, exit_status, read_outcome
+from suite.records.schema import Outcome, failed
+
+
+class Worker:
+    """A long-lived cell process, started when first needed, under the orphan guard and in a session of its own;
+    each job timed out like a cell. A worker that dies, or is killed at a timeout, leaves its job one status (`oom`
+    where the kernel killed it, `timeout`, or an error with its log's tail) and the next job starts a new one."""
+
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="suite-worker-")
+        self.proc: subprocess.Popen | None = None
+        self.jobs = self.started = 0
+        self.log_path = os.path.join(self.tmp.name, "log.txt")
+
+    def _start(self) -> None:
+        self.log = open(self.log_path, "a")
+        guard = [sys.executable, "-m", "suite.core.orphans", str(os.getpid())]
+        self.proc = subprocess.Popen(
+            guard + [sys.executable, "-m", "suite.core.worker"],
+            stdin=subprocess.PIPE,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=cell_env(1),
+            cwd=paths.ROOT,
+            start_new_session=True,
+            text=True,
+        )
+        self.started += 1
+
+    def run(self, payload: dict, timeout: float) -> Outcome:
+        """One cell in the worker; returns its outcome, or the status it gets without one."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.jobs += 1
+        out_path = os.path.join(self.tmp.name, f"out-{self.jobs}.json")
+        log_from = os.path.getsize(self.log_path)
+        status = None
+        try:
+            self.proc.stdin.write(json.dumps({"payload": payload, "out": out_path}, default=str) + "\n")
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(out_path):
+                if self.proc.poll() is not None:
+                    status = exit_status(self.proc.returncode, "worker")
+                    break
+                if time.monotonic() > deadline:
+                    status = "timeout"
+                    break
+                time.sleep(0.02)
+        except KeyboardInterrupt:
+            status = "error: interrupted"
+        except BrokenPipeError:
+            status = "error: the worker was gone before its job"
+        if status is None:
+            outcome, status = read_outcome(out_path)
+            if outcome is not None:
+                return outcome
+        self.stop(kill=status == "error: interrupted")  # a worker that failed a job is not trusted with another
+        with open(self.log_path, errors="replace") as f:
+            f.seek(log_from)
+            tail = f.read()[-4000:]
+        return failed(status, tail)
+
+    def stop(self, kill: bool = False) -> None:
+        """End the worker: its stdin closed, then its session killed if it is still there (at once with `kill`:
+        an interrupted job is not waited for)."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=0 if kill else 10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+    def close(self) -> None:
+        self.stop()
+        self.tmp.cleanup()
+
+
+_shared: Worker | None = None
+
+
+def shared_worker() -> Worker:
+    """The worker every sweep of this runner shares (a campaign's stages, one sweep after another), started when
+    first needed; close_shared_worker ends it (it dies with the runner in any case)."""
+    global _shared
+    if _shared is None:
+        _shared = Worker()
+        atexit.register(close_shared_worker)
+    return _shared
+
+
+def close_shared_worker() -> None:
+    global _shared
+    if _shared is not None:
+        _shared.close()
+        _shared = None
