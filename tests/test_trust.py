@@ -193,6 +193,50 @@ def test_rounds_interleave_the_cells_and_report_median_and_spread(tmp_path, monk
     assert "median of interleaved timing rounds" in (tmp_path / "trust-test.md").read_text()
 
 
+def _pathed(harnesses: dict, order: list):
+    """A run_cell stand-in whose rounds record the harness path given for each of its row's calls in turn."""
+    inner = fake_cell({row: [10.0 + i for i in range(len(h))] for row, h in harnesses.items()}, order)
+
+    def run_cell(cell, timeout=None):
+        out = inner(cell, timeout)
+        out["provenance"] = {"threads": 1, "harness": {"dropout": harnesses[cell.row.name].pop(0)}}
+        return out
+
+    return run_cell
+
+
+def test_a_cell_whose_rounds_took_different_paths_is_measured_again_under_one(tmp_path, monkeypatch):
+    """No silent round choice: a round of another path sets the earlier rounds aside (kept in the record, out of
+    its figures) and the cell makes them up in the same call; a path that changes twice is an error naming both."""
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    order, seen = [], []
+    paths = {"a": [{"eager": ""}, {"triton": ""}, {"triton": ""}, {"triton": ""}], "b": [{"x": ""}] * 3}
+    monkeypatch.setattr(launcher, "run_cell", _pathed(paths, order))
+    exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
+    a, b = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3), progress=seen.append)
+    assert order == ["a", "b", "a", "b", "a", "b", "a"]  # a's round of the first path made up after the third pass
+    assert a["status"] == "ok" and a["rounds"] == 3 and a["metrics"]["throughput_rounds"] == [11.0, 12.0, 13.0]
+    assert a["metrics"]["rounds_set_aside"] == [{"path": "dropout eager", "throughput": 10.0, "memory_gb": 0.002}]
+    assert any("trust-test/a" in m and "ran another path" in m and "set aside, measured again" in m for m in seen)
+    assert b["status"] == "ok" and "rounds_set_aside" not in b["metrics"]
+    twice = {"a": [{"eager": ""}, {"triton": ""}, {"other": ""}]}
+    monkeypatch.setattr(launcher, "run_cell", _pathed(twice, []))
+    exp = make_experiment([Row("a", "grad_accum")])
+    (a,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path / "2", wandb_mode="off", rounds=3), progress=quiet)
+    assert a["status"].startswith("error: its rounds took different paths twice") and "other" in a["status"]
+
+
+def test_rounds_more_than_twice_apart_are_marked_whatever_the_cause(tmp_path, monkeypatch):
+    """Rounds 2x apart, with no contention watched in any of them: the row is marked and shows no ratio."""
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    monkeypatch.setattr(launcher, "run_cell", fake_cell({"a": [10.0, 10.5, 9.8], "b": [10.0, 31.0, 30.0]}, []))
+    exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])
+    a, b = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3), progress=quiet)
+    assert "contention" not in a["metrics"]
+    assert b["metrics"]["contention"]["contended"] and "3.1x apart" in b["metrics"]["contention"]["reasons"][0]
+    assert _cell(tmp_path, "b", "status") == "ok, contended" and _cell(tmp_path, "b", "throughput xa ours") == "—"
+
+
 def test_kinds_that_time_a_rate_are_measured_in_rounds():
     from suite.core.kinds import is_timed
 

@@ -48,8 +48,9 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
         m["timed_steps"] = sum(r["metrics"].get("timed_steps", 0) for r in ok)
     m.update(flops.achieved(m))  # TFLOPS and MFU of the merged throughput
     watched = [r["metrics"].get("contention") for r in ok]
-    if any(watched):  # contended when any round was, or when the rounds' rates lie far apart
-        m["contention"] = contention.merged([c or {} for c in watched], m.get("throughput_rounds") or [])
+    rates = m.get("throughput_rounds") or []
+    if any(watched) or contention.apart(rates):  # contended when any round was, or when its rates lie far apart,
+        m["contention"] = contention.merged([c or {} for c in watched], rates)  # whether or not a round was watched
     for key in PEAKS:
         values = [r["metrics"][key] for r in ok if isinstance(r["metrics"].get(key), (int, float))]
         if values:

@@ -16,7 +16,7 @@ from suite.core.nodes import follow
 from suite.core.plan import Plan, expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
-from suite.core.rounds import merge
+from suite.core.rounds import comparable, merge
 from suite.measure.machine import fingerprint
 from suite.records import store
 from suite.records.schema import Outcome, Record, failed
@@ -116,6 +116,7 @@ class Rounds:
         self.done = {c.key: list(p.resumed.get(c.key, [])) for c in p.todo}  # each cell's rounds: resumed, then new
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
         self.launcher: Fresh | None = None  # chosen when the rounds start (launcher.choose)
+        self.aside: dict[str, list[dict]] = {}  # each cell's rounds of another path, set aside (one_path)
         # For the time left: the cell-rounds this call has to run, and the seconds those run so far took.
         self.total = sum(max(self.planned(c) - len(self.done[c.key]), 0) for c in p.todo)
         self.ran, self.spent = 0, 0.0
@@ -124,10 +125,13 @@ class Rounds:
         return self.req.planned_rounds(is_timed(cell.kind))
 
     def due(self, cell: Cell, r: int) -> bool:
-        """Whether round `r` of `cell` runs: not when the cell takes fewer rounds, resumed past this one, or
-        failed in an earlier one."""
-        done = self.done[cell.key]
-        return r <= self.planned(cell) and len(done) < r and not (done and done[-1]["status"] != "ok")
+        """Whether `cell` runs a round in pass `r`: while it has fewer rounds than it takes and than `r` (a cell
+        resumed past this pass waits; one whose rounds of another path were set aside makes them up in the passes
+        after the last), and none failed."""
+        done, planned = self.done[cell.key], self.planned(cell)
+        if r > planned and cell.key not in self.aside:  # only rounds set aside are made up past the last pass
+            return False
+        return len(done) < min(r, planned) and not (done and done[-1]["status"] != "ok")
 
     def run(self) -> dict[str, Record]:
         """Every due cell-round, round by round; returns the records made."""
@@ -137,10 +141,12 @@ class Rounds:
         self.launcher = choose(req, self.sweep, fresh, self.progress)
         completed = False
         try:
-            for r in range(1, req.rounds + 1):
+            for r in range(1, 2 * req.rounds + 1):  # the passes past `rounds` make up rounds set aside (one())
                 for cell in self.launcher.order([c for c in self.todo if self.due(c, r)], r):
                     planned = self.planned(cell)
-                    tag = self.tags[cell.key] + (f" round {r}/{planned}" if planned > 1 else "")
+                    tag = self.tags[cell.key] + (
+                        f" round {len(self.done[cell.key]) + 1}/{planned}" if planned > 1 else ""
+                    )
                     if req.deadline is not None and (self.left or time.time() + self.longest > req.deadline):
                         self.left.append(tag)
                         continue
@@ -188,13 +194,36 @@ class Rounds:
         if outcome["status"] == "error: interrupted":
             raise KeyboardInterrupt
         self.longest = max(self.longest, took)  # the deadline's yardstick
+        outcome = self.one_path(cell, outcome, tag)
         self.done[cell.key].append(outcome)
         merged = merge(self.done[cell.key], self.planned(cell))
+        if self.aside.get(cell.key):
+            merged["metrics"] = {**merged["metrics"], "rounds_set_aside": self.aside[cell.key]}
         final = not merged["status"].startswith("partial")
         record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
         self.ran, self.spent = self.ran + 1, self.spent + took
         self.progress(f"{tag}: {record['status']} in {took:.1f}s{self._figures(outcome, record)}{self._left()}")
         return record
+
+    def one_path(self, cell: Cell, outcome: Outcome, tag: str) -> Outcome:
+        """No silent choice between rounds of different paths (the code, or the harness: dropout path, attention
+        kernel, LAMB kernel). A round whose path differs from the cell's rounds before it sets those aside (their
+        figures kept in the record's `rounds_set_aside`, out of its median) and the cell is measured again under
+        this round's path in the passes that follow; a cell whose path changes a second time is an error naming
+        both paths, with nothing merged."""
+        before = [r for r in self.done[cell.key] if r["status"] == "ok"]
+        if outcome["status"] != "ok" or not before or comparable(before[-1]) == comparable(outcome):
+            return outcome
+        paths = f"{_path_of(before[-1])}, then {_path_of(outcome)}"
+        kept = ("throughput", "memory_gb")
+        self.aside.setdefault(cell.key, []).extend(
+            {"path": _path_of(r), **{k: r["metrics"].get(k) for k in kept}} for r in before
+        )
+        if len(self.aside[cell.key]) > len(before):  # set aside before: the path changed twice
+            return failed(f"error: its rounds took different paths twice ({paths})", outcome.get("error"))
+        self.done[cell.key] = []
+        self.progress(f"{tag}: {len(before)} earlier round(s) ran another path ({paths}): set aside, measured again")
+        return outcome
 
     @staticmethod
     def _figures(outcome: Outcome, record: Record) -> str:
@@ -214,3 +243,15 @@ class Rounds:
     def _left(self) -> str:
         left = self.total - self.ran
         return f"; {left} cell-round(s) left, about {left * self.spent / self.ran:.0f}s" if left > 0 else ""
+
+
+def _path_of(outcome: Outcome) -> str:
+    """A round's path as its record states it: the code's digest and the harness's paths, e.g. `code 1a2b3c4d;
+    dropout hash_triton, attention_triton (tuned); host_lamb fused`."""
+    prov = outcome.get("provenance") or {}
+    parts = [f"code {str(prov['code'])[:8]}"] if prov.get("code") else []
+    for name, taken in sorted((prov.get("harness") or {}).items()):
+        if isinstance(taken, dict):
+            taken = ", ".join(f"{k} ({v})" if v else str(k) for k, v in sorted(taken.items()))
+        parts.append(f"{name} {taken}")
+    return "; ".join(parts) or "no path recorded"

@@ -136,10 +136,15 @@ def step_spread(step_times: list[float]) -> float:
     return q3 / q1
 
 
+def apart(rates: list[float]) -> bool:
+    """Whether a cell's rounds' rates lie more than SPREAD_BOUND apart: whatever the cause, no ratio of them holds."""
+    return len(rates) > 1 and min(rates) > 0 and max(rates) / min(rates) > SPREAD_BOUND
+
+
 def merged(per_round: list[dict], rates: list[float]) -> dict:
     """The contention of a record merged from rounds: any round's reasons, and the rounds' own spread."""
     reasons = [f"round {i}: {r}" for i, c in enumerate(per_round, 1) for r in c.get("reasons", [])]
-    if len(rates) > 1 and min(rates) > 0 and max(rates) / min(rates) > SPREAD_BOUND:
+    if apart(rates):
         reasons.append(f"rounds: their rates lie {max(rates) / min(rates):.1f}x apart")
     out = {"rounds": per_round, "contended": bool(reasons), "reasons": reasons}
     for key in ("others_cores", "runnable_median", "step_spread", "steal_share"):
