@@ -54,8 +54,24 @@ class Dies(GradAccum):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@register("unsettles")
+class Unsettles(GradAccum):
+    """Changes what a process keeps for every later cell (torch's threads, FP32 matmul precision and TF32, the
+    default dtype) and leaves them so, as a careless method or library would."""
+
+    def step(self, batch):
+        import torch
+
+        torch.set_num_threads(1)
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        out = super().step(batch)
+        torch.set_default_dtype(torch.float64)
+        return out
+
+
 def register_again() -> None:
     """Register this module's cell-failing methods in a test process that unregistered them (the module stays
     imported, so importing it again registers nothing)."""
-    for name, cls in (("always-fails", AlwaysFails), ("sleeps", Sleeps), ("dies", Dies)):
+    for name, cls in (("always-fails", AlwaysFails), ("sleeps", Sleeps), ("dies", Dies), ("unsettles", Unsettles)):
         register(name)(cls)

@@ -71,3 +71,46 @@ def test_capped_cell_out_of_memory_is_recorded_as_oom():
     (cell,) = exp.cells("tiny", ["baseline-fp32"], ["device=cuda", "model.preset=bert-base", "seq_len=128"], "64MiB")
     record = run_cell(cell, timeout=300)
     assert record["status"] == "oom", record.get("error", "")[-2000:]
+
+
+def test_the_worker_measures_what_fresh_processes_measure_on_cuda(tmp_path, monkeypatch):
+    """Isolation on the GPU: fp32, fp16 and bf16 cells of two shapes and L2L-CMP, in one worker and each in a fresh
+    process, two interleaved rounds each way: the same paths and final losses, each cell's rate within 5% and its
+    peak within 2% of the fresh processes' (the worker's rows of 2026-11-26 ran 6x slower after a fallback)."""
+    from test_runner import make_experiment
+
+    from suite.core.experiment import Row
+    from suite.core.request import SweepRequest
+    from suite.core.worker_client import close_shared_worker
+    from suite.sweep import sweep
+
+    monkeypatch.setenv("SUITE_MACHINE", "cuda-isolation")
+    shape = {"model.layers": 4, "model.heads": 4, "seq_len": 128, "micro_batch_size": 16, "warmup": 2, "steps": 5}
+    wide = {"model.hidden": 512, "model.intermediate": 2048}
+    narrow = {"model.hidden": 256, "model.intermediate": 1024}
+    rows = [
+        Row("fp32", "grad_accum", {**shape, **narrow}),
+        Row("fp16", "amp", {**shape, **narrow, "precision": "fp16"}),
+        Row("bf16", "amp", {**shape, **narrow, "precision": "bf16"}),
+        Row("fp16-wide", "amp", {**shape, **wide, "precision": "fp16"}),
+        Row("cmp", "l2l-cmp", {**shape, **narrow, "precision": "fp16"}),
+    ]
+    exp = make_experiment(rows)
+    runs = {}
+    try:
+        for worker in (False, True):
+            req = SweepRequest(
+                exp, "tiny", results_dir=tmp_path / str(worker), wandb_mode="off", worker=worker, rounds=2,
+                overrides=("device=cuda",),
+            )  # fmt: skip
+            runs[worker] = sweep(req, progress=print)
+    finally:
+        close_shared_worker()
+    for f, w in zip(runs[False], runs[True]):
+        assert f["status"] == w["status"] == "ok", (f["row"], f.get("error"), w.get("error"))
+        assert f["provenance"]["harness"] == w["provenance"]["harness"], f["row"]
+        assert f["metrics"]["final_loss"] == w["metrics"]["final_loss"], f["row"]
+        rate = w["metrics"]["throughput"] / f["metrics"]["throughput"]
+        peak = w["metrics"]["memory_gb"] / f["metrics"]["memory_gb"]
+        assert 0.95 <= rate <= 1.05, f"{f['row']}: the worker's rate is {rate:.3f}x the fresh processes'"
+        assert 0.98 <= peak <= 1.02, f"{f['row']}: the worker's peak is {peak:.3f}x the fresh processes'"

@@ -33,7 +33,7 @@ def plugins(monkeypatch):
 
     plugin_methods.register_again()  # after another test unregistered them
     yield
-    for name in ("always-fails", "dies"):
+    for name in ("always-fails", "dies", "unsettles"):
         registry.unregister(name)
 
 
@@ -42,15 +42,24 @@ def _sweep(tmp_path, rows, worker, **kw):
     return sweep(req, progress=lambda m: None)
 
 
+WIDE = {"model.hidden": 64}  # another shape: its cells grouped together in each round
+# fp32, fp16 and bf16 cells of two shapes in turn, L2L and a peer: what a campaign's worker runs one after another.
+ISOLATION_ROWS = [
+    Row("a", "grad_accum"),
+    Row("w", "grad_accum", WIDE),
+    Row("h", "amp", {"precision": "fp16"}),
+    Row("hw", "amp", {"precision": "fp16", **WIDE}),
+    Row("b", "amp", {"precision": "bf16"}),
+    Row("bw", "amp", {"precision": "bf16", **WIDE}),
+    Row("c", "l2l"),
+    Row("p", "fsdp-offload", {"recompute": "on"}),  # a peer whose library leaves no state behind
+]
+
+
 def test_a_worker_gives_the_fresh_processes_records_bitwise_in_one_process(tmp_path):
-    wide = {"model.hidden": 64}  # another shape: its cells grouped together in each round
-    rows = [
-        Row("a", "grad_accum"),
-        Row("w", "grad_accum", wide),
-        Row("b", "amp", {"precision": "bf16"}),
-        Row("c", "l2l"),
-        Row("p", "fsdp-offload", {"recompute": "on"}),  # a peer whose library leaves no state behind
-    ]
+    """Isolation proven, not assumed: each cell in the worker records what it records in a fresh process, whatever
+    ran before it: the same kernel paths, the same final loss (bitwise) and the same counted memory."""
+    rows = ISOLATION_ROWS
     fresh = _sweep(tmp_path / "fresh", rows, worker=False, rounds=1)
     pooled_ = _sweep(tmp_path / "pooled", rows, worker=True, rounds=2)
     assert [r["status"] for r in pooled_] == ["ok"] * len(rows)
@@ -58,6 +67,9 @@ def test_a_worker_gives_the_fresh_processes_records_bitwise_in_one_process(tmp_p
     # and the peer's one-rank process group is left after each cell and joined again by the next.
     for f, p in zip(fresh, pooled_):
         assert f["metrics"]["final_loss"] == p["metrics"]["final_loss"], f["row"]
+        assert f["provenance"]["harness"] == p["provenance"]["harness"], f["row"]  # paths taken, the host LAMB's
+        for m in ("memory_gb", "pinned_host_peak_gb"):  # the live-bytes tracker's count (the host peak holds the pool)
+            assert f["metrics"].get(m) == p["metrics"].get(m), (f["row"], m)
     workers = {p["row"]: p["provenance"]["worker"] for p in pooled_}
     again = _sweep(tmp_path / "again", rows[:1], worker=True, rounds=1)[0]["provenance"]["worker"]
     assert again["pid"] == workers["a"]["pid"]  # the next sweep shares the worker
@@ -66,10 +78,11 @@ def test_a_worker_gives_the_fresh_processes_records_bitwise_in_one_process(tmp_p
     # cell of it, L2L and the peer among them, then the wide one; round 2 runs the groups backwards, so that it
     # ends with the tiny shape, which the next sweep's cell finds in the pool.
     assert not workers["a"]["model_from_pool"] and not workers["w"]["model_from_pool"]
-    assert all(workers[r]["model_from_pool"] for r in "bcp")
+    assert all(workers[r]["model_from_pool"] for r in ("h", "b", "c", "p", "hw", "bw"))
     first = workers["a"]["job"]
-    assert [workers[r]["job"] for r in "abcpw"] == list(range(first, first + 5))
-    assert again["job"] == first + 10 and again["model_from_pool"]
+    tiny_then_wide = ("a", "h", "b", "c", "p", "w", "hw", "bw")
+    assert [workers[r]["job"] for r in tiny_then_wide] == list(range(first, first + 8))
+    assert again["job"] == first + 16 and again["model_from_pool"]
     assert "worker" not in fresh[0]["provenance"]
 
 
@@ -101,3 +114,14 @@ def test_a_timeout_kills_the_worker_and_is_the_cells_status(tmp_path):
         assert worker.run(cell.resolved(), timeout=120)["status"] == "ok" and worker.started == 2
     finally:
         worker.close()
+
+
+def test_a_cell_that_changes_torchs_process_settings_leaves_the_next_cell_untouched(tmp_path, plugins):
+    """torch's threads, FP32 matmul precision, TF32 and default dtype, changed by one cell and left so, go back to the
+    worker's own before the next cell: that cell records what a fresh process records."""
+    rows = [Row("u", "unsettles"), Row("a", "grad_accum")]
+    fresh = _sweep(tmp_path / "fresh", rows[1:], worker=False, rounds=1)[0]
+    _, pooled_ = _sweep(tmp_path / "pooled", rows, worker=True, rounds=1)
+    assert pooled_["provenance"]["worker"]["job"] == 2  # after the unsettling cell, in the same process
+    assert pooled_["provenance"]["threads"] == fresh["provenance"]["threads"]
+    assert pooled_["metrics"]["final_loss"] == fresh["metrics"]["final_loss"]

@@ -5,10 +5,12 @@ device's context, compiled kernels and each model shape's build are paid once, n
 
 Each job's outcome is written to its `out` path (atomically), as a cell process writes it, with
 `provenance.worker` saying which worker and job it was and what its pool held. Between jobs the allocator's
-cache, its peak statistics and memory cap, and the host's peak resident set are reset. The runner's side
-(suite.core.worker_client.Worker) starts it under the orphan guard, times each job out, and records a dead worker's
-job with its status. Every method takes its copy from the pool, L2L among them: the pool's pristine model stays
-resident through the job, so a job's host peak (`host_peak_gb`) holds `pool_held_bytes` besides its own.
+cache, its peak statistics and memory cap, the pinned-host cache, the host's peak resident set and torch's
+per-process settings (threads, FP32 matmul precision, TF32, default dtype) go back to where the worker began.
+The runner's side (suite.core.worker_client.Worker) starts it under the orphan guard, times each job out, and
+records a dead worker's job with its status. Every method takes its copy from the pool, L2L among them: the
+pool's pristine model stays resident through the job, so a job's host peak (`host_peak_gb`) holds
+`pool_held_bytes` besides its own.
 """
 
 from __future__ import annotations
@@ -21,11 +23,37 @@ import sys
 import torch
 
 
+def process_settings() -> dict:
+    """What torch keeps per process that changes a cell's numbers or speed if one cell leaves it changed: the
+    intra-op threads, the FP32 matmul precision, TF32 for matmuls and cuDNN, the default dtype, autograd's mode."""
+    return {
+        "threads": torch.get_num_threads(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32),
+        "dtype": torch.get_default_dtype(),
+        "grad": torch.is_grad_enabled(),
+    }
+
+
+def restore(settings: dict) -> None:
+    torch.set_num_threads(settings["threads"])
+    torch.set_float32_matmul_precision(settings["matmul_precision"])
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = settings["tf32"]
+    torch.set_default_dtype(settings["dtype"])
+    torch.set_grad_enabled(settings["grad"])
+
+
+STARTED_WITH: dict = {}  # process_settings() when the worker started, what every job starts from
+
+
 def between_cells() -> bool:
-    """Give back what the last cell left (the allocator's cache and cap, pinned host blocks) and start the peaks
-    again; whether the host's peak could be reset."""
+    """Give back what the last cell left (the allocator's cache and cap, pinned host blocks, torch's per-process
+    settings as the worker started with them) and start the peaks again; whether the host's peak could be reset.
+    The keyed dropout's record of the paths taken is reset by the cell itself (suite.core.cell.execute)."""
     from suite.measure.memory import reset_host_peak
 
+    if STARTED_WITH:
+        restore(STARTED_WITH)
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -66,6 +94,7 @@ def main() -> int:
     from suite.harness import model
 
     model.POOL = model.ModelPool()
+    STARTED_WITH.update(process_settings())
     for n, line in enumerate(sys.stdin, 1):
         job = json.loads(line)
         outcome = run_job(job, n)
