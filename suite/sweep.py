@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +20,7 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     """Run (or reuse) every cell `req` asks for, write its records, tables, figure and W&B runs; returns the records.
     Across nodes, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # as records stamp `finished`
+    twins_first(req, progress)
     cells, records = run_cells(req, progress)
     if req.follower:
         return []  # node 0 writes the tables
@@ -52,6 +54,27 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records
+
+
+def twins_first(req: SweepRequest, progress=print) -> None:
+    """Rows that are another table's cell (Row.same_as: Table 4's one-rank rows are Table 3's L2L-CMP cells) are that
+    cell, never measured twice: where the twin is not finished on this machine (or `--force` asks for it anew), its
+    own table's sweep measures or resumes it first, with this call's settings; this table then reads its record."""
+    if req.follower or req.measure != "time":
+        return
+    from suite.core.experiment import get_experiment
+    from suite.core.plan import expand, same_as
+    from suite.measure.machine import fingerprint
+
+    machine = fingerprint()["slug"]
+    due: dict[str, list[str]] = {}
+    for cell in expand(req):
+        twin = same_as(req, cell, machine)
+        if twin is not None and (req.force or twin["status"] != "ok"):
+            due.setdefault(twin["reused_from"]["experiment"], []).append(twin["reused_from"]["row"])
+    for name, rows in due.items():
+        progress(f"{req.experiment.name}: {', '.join(rows)} of {name} first (the same cells as rows of this table)")
+        sweep(dataclasses.replace(req, experiment=get_experiment(name), only=tuple(rows)), progress)
 
 
 def render(exp: Experiment, results_dir: Path | None = None, progress=print) -> list[Path]:

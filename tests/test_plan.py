@@ -1,5 +1,7 @@
 """The sweep's steps read and tested alone: the request, the plan (nothing runs) and the recorder (nothing runs)."""
 
+import dataclasses
+
 import pytest
 from test_runner import make_experiment
 
@@ -119,7 +121,7 @@ def test_the_code_digest_follows_the_files():
 
 def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monkeypatch):
     """Table 4's one-rank rows are Table 3's L2L-CMP cells: a finished Table 3 record here is reused (its sweep
-    kept, so no ratio is taken across sweeps), a missing one makes the row run."""
+    kept, so no ratio is taken across sweeps); a missing one makes the row wait for it, never run as itself."""
     from suite.core.experiment import get_experiment
     from suite.core.recorder import Recorder
 
@@ -130,9 +132,10 @@ def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monke
     cells = expand(t4)
     seen = []
     p = plan(t4, cells, "m", seen.append)
-    (key,) = p.twins
-    twin = p.twins[key]
-    assert key == cells[0].key and [c.row.name for c in p.todo] == ["1-rank-u2", "1-rank-u4"]
+    assert list(p.twins) == [c.key for c in cells] and p.todo == []
+    twin = p.twins[cells[0].key]
+    for c in cells[1:]:  # no Table 3 record of theirs here: they wait for it
+        assert p.twins[c.key]["status"].startswith(f"pending: the same cell as table3/l2l-cmp-u{c.row.name[-1]}")
     assert twin["metrics"] == {"throughput": 5.0, "throughput_per_rank": 5.0}
     assert twin["reused_from"] == {
         "experiment": "table3",
@@ -142,3 +145,30 @@ def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monke
     }
     saved = Recorder(t4, {"slug": "m"}, "sweep-of-table4", print).save(cells[0], twin)
     assert saved["sweep"] == "sweep-of-table3" and any("the same cell as table3/l2l-cmp-u1" in s for s in seen)
+
+
+def test_a_row_the_same_as_another_tables_cell_is_measured_once_as_that_cell(tmp_path, monkeypatch):
+    """Table 4 alone, no Table 3 record: Table 3's sweep measures its cell first (its record, its table), Table 4
+    reads it; run again, nothing is measured; forced, the twin is measured anew once and read again."""
+    from suite.core import launcher
+    from suite.core.experiment import get_experiment
+    from suite.sweep import sweep
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    ran = []
+
+    def run_cell(cell, timeout=None):
+        ran.append(f"{cell.experiment}/{cell.row.name}")
+        return {**_outcome(), "metrics": {"throughput": 5.0, "memory_gb": 0.1}}
+
+    monkeypatch.setattr(launcher, "run_cell", run_cell)
+    t4 = SweepRequest(get_experiment("table4"), "tiny", only=["1-rank-u1"], results_dir=tmp_path, wandb_mode="off")
+    seen = []
+    (rec,) = [r for r in sweep(t4, seen.append) if r["row"] == "1-rank-u1"]
+    assert ran == ["table3/l2l-cmp-u1"] * 3  # its three rounds, as Table 3's cell, and nothing as Table 4's
+    assert rec["status"] == "ok" and rec["reused_from"]["experiment"] == "table3"
+    assert rec["metrics"]["throughput_per_rank"] == 5.0 and (tmp_path / "table3.md").exists()
+    sweep(t4, seen.append)
+    assert len(ran) == 3
+    sweep(dataclasses.replace(t4, force=True), seen.append)
+    assert ran == ["table3/l2l-cmp-u1"] * 6

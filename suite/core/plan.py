@@ -19,7 +19,7 @@ from suite.core.rounds import resumable
 from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
-from suite.records.schema import Outcome, Record
+from suite.records.schema import Outcome, Record, failed
 
 COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
 
@@ -102,8 +102,10 @@ class Plan:
 
 
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
-    """The outcome this cell gets from its row's twin (Row.same_as): the twin's finished `ok` record on this machine,
-    when its cell runs this very config, its metrics adapted; else None (the cell runs)."""
+    """The outcome this cell gets from its row's twin (Row.same_as) when its cell runs this very config: the twin's
+    finished `ok` record on this machine, its metrics adapted; where the twin is not finished here, a `pending`
+    outcome naming it (the row is that cell, never measured as itself: suite.sweep measures the twin first, in its
+    own table's sweep); None where the row is not its twin's cell (it runs)."""
     if cell.row.same_as is None or req.measure != "time":
         return None
     from suite.core.experiment import get_experiment
@@ -114,7 +116,10 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
         return None
     rec = store.load(req.results_dir, twins[0].key, machine)
     if rec is None or rec["status"] != "ok":
-        return None
+        state = rec["status"] if rec is not None else "no record"
+        why = f"the same cell as {experiment}/{row}, not finished on {machine} ({state}): measured there, read here"
+        twin = {"experiment": experiment, "row": row, "key": twins[0].key}
+        return {**failed(f"pending: {why}"), "reused_from": twin}
     adapt = cell.row.adapt or (lambda m: m)
     keep = ("status", "provenance", "rounds", "duration_s", "error")
     return {
@@ -138,10 +143,11 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
         elif cached and str(cached["status"]).startswith("pending") and not req.force:
             p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
-        twin = None if cached or req.force else same_as(req, cell, machine)
+        twin = same_as(req, cell, machine)  # forced or not: the twin's sweep (suite.sweep) measured it anew
         if twin is not None:
-            progress(f"{p.tags[cell.key]}: {twin['status']} (the same cell as {twin['reused_from']['experiment']}/"
-                     f"{twin['reused_from']['row']} on {machine}, reused)")  # fmt: skip
+            of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
+            said = f"the same cell as {of} on {machine}, reused" if twin["status"] == "ok" else "waits for " + of
+            progress(f"{p.tags[cell.key]}: {twin['status'].split(':')[0]} ({said})")
             p.twins[cell.key] = twin
         elif cached and cached["status"] in store.FINISHED and not req.force:
             progress(f"{p.tags[cell.key]}: {cached['status']} (cached on {machine}, {cell.key})")

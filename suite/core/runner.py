@@ -48,7 +48,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     recorder = Recorder(req, fp, p.sweep, progress)
     records = dict(p.reused)
     for cell in [c for c in cells if c.key in p.twins]:
-        records[cell.key] = recorder.save(cell, p.twins[cell.key], final=True)
+        records[cell.key] = recorder.save(cell, p.twins[cell.key], final=p.twins[cell.key]["status"] == "ok")
     for cell in [c for c in cells if c.key in p.not_run]:
         records[cell.key] = recorder.save(cell, failed("not_implemented", p.not_run[cell.key]))
     if p.todo or p.complete:
