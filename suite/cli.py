@@ -152,6 +152,15 @@ def _plan(args) -> int:
     return plan_command(args)
 
 
+def _stage_help() -> str:
+    """--stage's help, from the campaign's stage table itself (imported only for the campaign command's own help)."""
+    if "campaign" not in sys.argv[1:3]:
+        return "all, or a stage's number (`python -m suite campaign --help` lists them)"
+    from suite import campaign
+
+    return "all, or one of: " + "; ".join(f"{n}: {stage.title}" for n, stage in campaign.STAGES.items())
+
+
 def _campaign(args) -> int:
     from suite import campaign
 
@@ -285,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--stage",
         default="all",
-        help="1 (environment, cuda tests), 2 (Tables 2, 3, 6), 3 (Table 5, ...), 4 (Llama 1B, 3B)",
+        help=_stage_help(),
     )
     g.add_argument("--dry", action="store_true", help="the CPU rehearsal at tiny shapes: every stage's plumbing")
     g.add_argument("--budget", type=float, default=540.0, help="seconds a stage may take; the rest resumes (540)")

@@ -127,3 +127,17 @@ def test_a_method_without_a_docstring_says_so_in_the_list(monkeypatch, capsys):
     assert main(["list"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("undocumented"))
     assert "(no description: Undocumented has no docstring" in line
+
+
+def test_the_campaign_help_lists_every_stage_from_its_table():
+    import subprocess
+    import sys
+
+    from suite import campaign
+
+    out = subprocess.run(
+        [sys.executable, "-m", "suite", "campaign", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    flat = " ".join(out.split())
+    for n, stage in campaign.STAGES.items():
+        assert f"{n}: {' '.join(stage.title.split())}" in flat, n
