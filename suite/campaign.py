@@ -274,15 +274,14 @@ def run_stage(
             if row.skip and (only is None or row.name in only):  # a row with no cell here says why
                 report["cells"].append({"experiment": s.experiment, "row": row.name, "status": f"skipped: {row.skip}"})
                 progress(f"stage {number} | {s.experiment}/{row.name} | skipped: {row.skip}")
-        cells = exp.cells(profile, only, overrides, None)
-        for cell, record in zip(cells, records):
-            line = _summary_line(number, s.experiment, record, cell.row.name)
+        for record in records:  # each names its row and key (a reference row the sweep added among them)
+            row = record["row"]
+            progress(_summary_line(number, s.experiment, record, row))
             report["cells"].append(
-                {"experiment": s.experiment, "row": cell.row.name, "key": cell.key, "status": record.get("status")}
+                {"experiment": s.experiment, "row": row, "key": record["key"], "status": record.get("status")}
             )
-            progress(line)
             if str(record.get("status", "")).startswith(("pending", "partial")):
-                report["left"].append(f"{s.experiment}/{cell.row.name}")
+                report["left"].append(f"{s.experiment}/{row}")
     if stage.bench:
         if time.time() < deadline:
             extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]

@@ -21,9 +21,10 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     Across nodes, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # as records stamp `finished`
     twins_first(req, progress)
-    cells, records = run_cells(req, progress)
+    pairs = run_cells(req, progress)
     if req.follower:
         return []  # node 0 writes the tables
+    cells, records = [c for c, _ in pairs], [r for _, r in pairs]
     exp = req.experiment
     render(exp, req.results_dir, progress)
     busy = [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})]

@@ -152,3 +152,22 @@ def test_a_row_that_reuses_another_tables_record_runs_after_that_table():
             twin = row.same_as[0]
             assert any(t.experiment == twin and (m, j) < (n, i) for m, j, t in order), (s.experiment, row.name, twin)
     assert reused >= 3
+
+
+def test_a_stage_report_names_each_record_by_its_own_row(tmp_path, monkeypatch):
+    """A stage's sweep of one row brings its table's reference row along (plan.expand): the report names every
+    record by the row and key it carries, never by a list of cells zipped against the records."""
+    monkeypatch.setenv("SUITE_MACHINE", "dry-machine")
+    stage = campaign.Stage("one row of Table 3", sweeps=(campaign.Sweep("table3", dry_only=("l2l-cmp-u2",)),))
+    monkeypatch.setattr(campaign, "STAGES", {9: stage})
+    made = [
+        {"row": "l2l-cmp-u1", "key": "k1", "status": "ok", "metrics": {"throughput": 2.0}},
+        {"row": "l2l-cmp-u2", "key": "k2", "status": "partial: 1/3 rounds", "metrics": {"throughput": 3.0}},
+    ]
+    monkeypatch.setattr(campaign, "sweep", lambda req, progress: made)
+    report = campaign.run_stage(9, dry=True, results_dir=tmp_path, progress=lambda m: None)
+    assert [(c["row"], c["key"], c["status"]) for c in report["cells"]] == [
+        ("l2l-cmp-u1", "k1", "ok"),
+        ("l2l-cmp-u2", "k2", "partial: 1/3 rounds"),
+    ]
+    assert report["left"] == ["table3/l2l-cmp-u2"]

@@ -22,10 +22,11 @@ from suite.records import store
 from suite.records.schema import Outcome, Record, failed
 
 
-def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tuple[list[Cell], list[Record]]:
-    """Run (or reuse) every cell `req` asks for on this machine, one record and one W&B run per cell; returns
-    (cells, records). Throughput cells run `req.rounds` times, the cells of one round after another (ABC ABC ABC)
-    so that drift hits all alike. A record is reused only on the machine that made it.
+def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> list[tuple[Cell, Record]]:
+    """Run (or reuse) every cell `req` asks for on this machine, one record and one W&B run per cell; returns each
+    cell with its record (labelled: its row and key, a cell left at a deadline `pending`). Throughput cells run
+    `req.rounds` times, the cells of one round after another (ABC ABC ABC) so that drift hits all alike. A record
+    is reused only on the machine that made it.
 
     A partial record (rounds left when a call ended) resumes: its measured rounds are kept and only the missing
     ones run, in its own sweep. With a deadline no cell-round starts that the longest one seen so far would carry
@@ -36,13 +37,13 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
     With `req.worker` single-rank timed cells of our methods run in one long-lived process (suite.core.worker).
 
     Across nodes (suite.core.nodes): node 0 does all of this, its multi-rank cells spanning every node; another
-    node follows node 0's launches and returns (cells, []), having written nothing.
+    node follows node 0's launches and returns [], having written nothing.
 
     The tables are the face's to render (suite.sweep): the engine stands below the reports."""
     cells = expand(req)
     if req.follower:
         follow(req.nodes, progress)
-        return cells, []
+        return []
     fp = fingerprint()
     p = plan(req, cells, fp["slug"], progress)
     recorder = Recorder(req, fp, p.sweep, progress)
@@ -65,7 +66,8 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> tup
         records[cell.key] = recorder.save(cell, merge(p.resumed[cell.key], len(p.resumed[cell.key])))
     records.update(Rounds(req, p, recorder, progress).run())
     pending = failed("pending: left at the deadline")
-    return cells, [records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) or pending for c in cells]
+    found = (records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) for c in cells)
+    return [(c, r or recorder.label(c, pending)) for c, r in zip(cells, found)]
 
 
 def counted_past_cap(
