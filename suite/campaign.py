@@ -233,15 +233,29 @@ def run_stage(
         "left": [],
     }
     progress(f"stage {number}: {stage.title} ({'dry run, tiny' if dry else 'paper'} on {fp['slug']})")
+    need: dict[str, float] = {}  # each part's estimated seconds: a part that cannot fit waits whole for the next call
     if not dry:  # what the estimate said beside what the stage took, for the next estimate to be judged by
         lines = [ln for ln in estimate(STAGES, fp["slug"], rounds, worker, results_dir) if ln.stage == number]
         report["estimate_s"] = round(sum(ln.seconds for ln in lines), 1)
         report["estimate"] = [vars(ln) for ln in lines]
+        need = {ln.what: ln.seconds for ln in lines}
+
+    def fits(part: str, label: str) -> bool:
+        """Whether `part` (its estimate line) fits the time left; if not it is left whole for the next call, never
+        started to be cut at the deadline."""
+        left = deadline - time.time()
+        if left > 0 and need.get(part, 0.0) <= left:
+            return True
+        report["left"].append(label)
+        progress(f"stage {number} | {label} | left for the next call: it needs about {need.get(part, 0):.0f} s, "
+                 f"{max(left, 0):.0f} s remain")  # fmt: skip
+        return False
+
     if number == 1:
         env = environment(fp)
         (here / "environment.json").write_text(json.dumps(env, indent=1, default=str))
         progress(env["described"])
-    if stage.cuda_tests:
+    if stage.cuda_tests and fits("cuda tests", "cuda tests"):
         marker, extra = ("cuda", []) if not dry else ("cuda", ["--collect-only"])
         report["cuda_tests"] = _pytest(CUDA_TESTS, marker, here / "cuda-tests.xml", extra, deadline - time.time())
         t = report["cuda_tests"]
@@ -282,21 +296,15 @@ def run_stage(
             )
             if str(record.get("status", "")).startswith(("pending", "partial")):
                 report["left"].append(f"{s.experiment}/{row}")
-    if stage.bench:
-        if time.time() < deadline:
-            extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
-            report["bench"] = _pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
-            progress(f"stage {number} | L2L microbenchmarks | exit {report['bench']['exit']}")
-        else:
-            report["left"].append("L2L microbenchmarks")
-    if stage.counted:
-        if time.time() < deadline:
-            extra = ["--collect-only"] if dry else []
-            got = _pytest(COUNTED_TESTS, "cuda", here / "counted.xml", extra, deadline - time.time())
-            report["counted_vs_measured"] = got
-            progress(f"stage {number} | counted against measured | {got['passed']} passed, {got['failed']} failed")
-        else:
-            report["left"].append("counted against measured")
+    if stage.bench and fits("bench", "L2L microbenchmarks"):
+        extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
+        report["bench"] = _pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
+        progress(f"stage {number} | L2L microbenchmarks | exit {report['bench']['exit']}")
+    if stage.counted and fits("counted vs measured", "counted against measured"):
+        extra = ["--collect-only"] if dry else []
+        got = _pytest(COUNTED_TESTS, "cuda", here / "counted.xml", extra, deadline - time.time())
+        report["counted_vs_measured"] = got
+        progress(f"stage {number} | counted against measured | {got['passed']} passed, {got['failed']} failed")
     report["seconds"] = round(time.time() - started, 1)
     if "estimate_s" in report:
         progress(f"stage {number}: estimated {report['estimate_s']:.0f} s, took {report['seconds']:.0f} s")

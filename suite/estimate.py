@@ -242,14 +242,18 @@ def _environment(results_dir: Path, machine: str | None) -> dict:
     return json.loads(path.read_text()) if machine and path.exists() else {}
 
 
-def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str) -> float | None:
+def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str) -> tuple[float, bool] | None:
+    """How long a stage's part took in the target's own report, and whether it was cut at the stage's deadline
+    (then it needs at least that long); None where no report says."""
     if machine is None:
         return None
     path = results_dir / "campaign" / machine / f"stage-{stage}.json"
     if not path.exists():
         return None
     part = json.loads(path.read_text()).get(key)
-    return part.get("seconds") if isinstance(part, dict) else None
+    if not isinstance(part, dict) or not isinstance(part.get("seconds"), (int, float)):
+        return None
+    return part["seconds"], part.get("exit") == "timeout"
 
 
 def _tests_seconds(key: str, table: CostTable, counted_cells=None) -> tuple[float, str]:
@@ -315,10 +319,13 @@ def estimate(
         for flag, key in (("cuda_tests", "cuda_tests"), ("counted", "counted_vs_measured"), ("bench", "bench")):
             if getattr(stage, flag):
                 took = _report_seconds(results_dir, table.machine, number, key)
-                if took is not None:
-                    seconds, src = took, f"stage {number}'s report on {table.machine}"
+                if took is not None and not took[1]:
+                    seconds, src = took[0], f"stage {number}'s report on {table.machine}"
                 else:
                     seconds, src = _tests_seconds(key, table, stage.counted_cells)
+                    if took is not None:  # cut at the deadline there: it needs at least what it had run
+                        seconds = max(seconds, took[0])
+                        src = f"at least the {took[0]:.0f} s it ran before stage {number}'s deadline cut it; {src}"
                 lines.append(Line(number, key.replace("_", " "), 1, seconds, src))
         for s in stage.sweeps:
             exp = get_experiment(s.experiment)

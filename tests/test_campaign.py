@@ -171,3 +171,24 @@ def test_a_stage_report_names_each_record_by_its_own_row(tmp_path, monkeypatch):
         ("l2l-cmp-u2", "k2", "partial: 1/3 rounds"),
     ]
     assert report["left"] == ["table3/l2l-cmp-u2"]
+
+
+def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tmp_path, monkeypatch):
+    """A stage's part is given time by its estimate: one that needs more than remains is not started (to be cut at
+    the deadline, as stage 1's microbenchmarks were on 2026-11-26), but left whole; one that fits runs."""
+    from suite.estimate import Line
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    monkeypatch.setattr(campaign, "STAGES", {9: campaign.Stage("parts", bench=True, counted=True)})
+    lines = [Line(9, "bench", 1, 1000.0, "x"), Line(9, "counted vs measured", 1, 1.0, "x")]
+    monkeypatch.setattr(campaign, "estimate", lambda *a, **k: lines)
+    real = campaign.fingerprint
+    monkeypatch.setattr(campaign, "fingerprint", lambda: {**real(), "gpu": {"name": "a GPU"}})  # a stage needs one
+    ran = []
+    monkeypatch.setattr(
+        campaign, "_pytest", lambda tests, *a: ran.append(tests) or {"exit": 0, "passed": 1, "failed": 0}
+    )
+    said = []
+    report = campaign.run_stage(9, budget=60.0, results_dir=tmp_path, progress=said.append)
+    assert report["left"] == ["L2L microbenchmarks"] and ran == [campaign.COUNTED_TESTS]
+    assert any("L2L microbenchmarks | left for the next call: it needs about 1000 s" in m for m in said)
