@@ -243,3 +243,24 @@ def test_a_host_benchmark_costs_what_another_machine_took_until_the_target_ran_i
     (folder / f"{cell.key}.json").write_text(json.dumps(rec))
     (line,) = estimate(stages, "h100", results_dir=tmp_path)
     assert line.seconds == 23.5 and line.source.startswith("its record on cpu-test (2 cores")
+
+
+def test_the_estimate_prices_exactly_the_cells_each_stages_sweeps_expand_to(tmp_path):
+    """Every stage: the estimate lists each cell the runner's sweep expands to (its reference row included, skipped
+    rows excluded), each once, and no other."""
+    from suite import campaign
+    from suite.core.experiment import get_experiment
+    from suite.core.plan import expand
+    from suite.core.request import SweepRequest
+    from suite.estimate import estimate
+
+    lines = estimate(campaign.STAGES, "h100", results_dir=tmp_path)  # no records: the cells are what is compared
+    for n, stage in campaign.STAGES.items():
+        for s in stage.sweeps:
+            exp = get_experiment(s.experiment)
+            req = SweepRequest(exp, "paper", s.only, overrides=("device=cuda",), wandb_mode="off")
+            runner = sorted(c.row.name for c in expand(req))
+            priced = sorted(
+                ln.what.split("/", 1)[1] for ln in lines if ln.stage == n and ln.what.startswith(f"{s.experiment}/")
+            )
+            assert priced == runner, (n, s.experiment)
