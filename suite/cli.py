@@ -156,22 +156,24 @@ def _stage_help() -> str:
     """--stage's help, from the campaign's stage table itself (imported only for the campaign command's own help)."""
     if "campaign" not in sys.argv[1:3]:
         return "all, or a stage's number (`python -m suite campaign --help` lists them)"
-    from suite import campaign
+    from suite.campaign.stages import STAGES
 
-    return "all, or one of: " + "; ".join(f"{n}: {stage.title}" for n, stage in campaign.STAGES.items())
+    return "all, or one of: " + "; ".join(f"{n}: {stage.title}" for n, stage in STAGES.items())
 
 
 def _campaign(args) -> int:
-    from suite import campaign
+    from suite.campaign import precounting, stage
+    from suite.campaign.stages import STAGES
 
     if args.estimate:
         from suite.estimate import estimate, report
 
-        print(report(estimate(campaign.STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
+        print(report(estimate(STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
         return 0
     if args.precount:
-        return campaign.precount_stages(args.stage)
-    return campaign.run(args.stage, args.dry, args.budget, args.rounds, args.out, worker=not args.fresh_processes)
+        return precounting.precount_stages(args.stage)
+    request = dict(dry=args.dry, budget=args.budget, rounds=args.rounds, out=args.out, worker=not args.fresh_processes)
+    return stage.run(args.stage, **request)
 
 
 def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:

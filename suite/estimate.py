@@ -307,9 +307,9 @@ def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
 def estimate(
     stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None
 ) -> list[Line]:
-    """Every stage's lines (suite.campaign.STAGES): its tests, then each sweep's cells in the order they run (round
-    by round, grouped by shape in the worker, which keeps one model shape at a time), each with its rounds and
-    estimated device seconds."""
+    """Every stage's lines (suite.campaign.stages.STAGES): its tests, then each sweep's cells in the order they run
+    (round by round, grouped by shape in the worker, which keeps one model shape at a time), each with its rounds
+    and estimated device seconds."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     table = CostTable(device, results_dir)
     lines: list[Line] = []

@@ -7,7 +7,9 @@ import types
 import pytest
 from test_runner import make_experiment
 
-from suite import campaign, cli
+from suite import cli
+from suite.campaign import pytest_steps, stage, stages
+from suite.campaign.stage import StageRequest, run_stage
 from suite.core import launcher, plan, runner
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
@@ -16,20 +18,20 @@ from suite.measure.step import METHODOLOGY_VERSION
 from suite.sweep import sweep
 
 
-def _dry(tmp_path, monkeypatch, stages):
+def _dry(tmp_path, monkeypatch, numbers):
     monkeypatch.setenv("SUITE_MACHINE", "dry-machine")
     out, results = tmp_path / "out", tmp_path / "results"
     seen: list[str] = []
-    reports = [campaign.run_stage(n, dry=True, results_dir=results, out=str(out), progress=seen.append) for n in stages]
-    assert all(r["done"] for r in reports), [(r["stage"], r["left"]) for r in reports]
+    reports = [run_stage(StageRequest(n, dry=True, results_dir=results, out=str(out)), seen.append) for n in numbers]
+    assert all(r.done for r in reports), [(r.stage, r.left) for r in reports]
     # every sweep's cells got a record and a summary line (the benchmarks' too)
-    cells = [c for r in reports for c in r["cells"]]
+    cells = [c for r in reports for c in r.cells]
     assert all(c["status"] == "ok" or c["status"].startswith("skipped") for c in cells), cells
     names = {c["experiment"] for c in cells}
     summaries = [m for m in seen if m.startswith("stage ") and any(f" | {e}/" in m for e in names)]
     assert len(summaries) == len(cells)
     # each stage's archive carries this machine's records and reports for the machine that lent the GPU
-    for n in stages:
+    for n in numbers:
         with tarfile.open(out / f"campaign-dry-machine-stage-{n}.tgz") as tar:
             tarred = tar.getnames()
         assert f"results/campaign/dry-machine/stage-{n}.json" in tarred
@@ -43,10 +45,10 @@ def test_dry_campaign_runs_its_stages_and_packs_their_results(tmp_path, monkeypa
     env = json.loads((results / "campaign" / "dry-machine" / "environment.json").read_text())
     assert env["machine"]["slug"] == "dry-machine" and env["versions"]["torch"]
     first = reports[0]
-    assert first["cuda_tests"]["collected"] >= 10 and first["cuda_tests"]["exit"] == 0
-    counted = first["counted_vs_measured"]  # the count against CUDA's allocator: collected on a dry run
+    assert first.cuda_tests["collected"] >= 10 and first.cuda_tests["exit"] == 0
+    counted = first.counted_vs_measured  # the count against CUDA's allocator: collected on a dry run
     assert counted["collected"] == 4 and counted["exit"] == 0, counted
-    assert first["bench"]["exit"] == 0 and first["bench"]["collected"], first["bench"]
+    assert first.bench["exit"] == 0 and first.bench["collected"], first.bench
     assert names == {"decoder"}
 
 
@@ -114,7 +116,7 @@ def test_rounds_of_another_methodology_are_not_resumed(tmp_path, monkeypatch):
 def test_bad_stage_and_a_gpu_stage_without_a_gpu_fail_in_one_line(capsys, monkeypatch):
     assert cli.main(["campaign", "--stage", "6"]) == 2
     assert "--stage '6': give one of [1, 2, 3, 4, 5] or 'all'" in capsys.readouterr().err
-    monkeypatch.setattr(campaign, "fingerprint", lambda: {"slug": "cpu-box", "gpu": None})
+    monkeypatch.setattr(stage, "fingerprint", lambda: {"slug": "cpu-box", "gpu": None})
     assert cli.main(["campaign", "--stage", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs a CUDA device" in err and "--dry" in err
@@ -142,7 +144,7 @@ def test_a_row_that_reuses_another_tables_record_runs_after_that_table():
     would be wrong)."""
     from suite.core.experiment import get_experiment
 
-    order = [(n, i, s) for n, stage in sorted(campaign.STAGES.items()) for i, s in enumerate(stage.sweeps)]
+    order = [(n, i, s) for n, stage in sorted(stages.STAGES.items()) for i, s in enumerate(stage.sweeps)]
     reused = 0
     for n, i, s in order:
         for row in get_experiment(s.experiment).rows("paper"):
@@ -158,19 +160,19 @@ def test_a_stage_report_names_each_record_by_its_own_row(tmp_path, monkeypatch):
     """A stage's sweep of one row brings its table's reference row along (plan.expand): the report names every
     record by the row and key it carries, never by a list of cells zipped against the records."""
     monkeypatch.setenv("SUITE_MACHINE", "dry-machine")
-    stage = campaign.Stage("one row of Table 3", sweeps=(campaign.Sweep("table3", dry_only=("l2l-cmp-u2",)),))
-    monkeypatch.setattr(campaign, "STAGES", {9: stage})
+    one = stages.Stage("one row of Table 3", sweeps=(stages.Sweep("table3", dry_only=("l2l-cmp-u2",)),))
+    monkeypatch.setattr(stages, "STAGES", {9: one})
     made = [
         {"row": "l2l-cmp-u1", "key": "k1", "status": "ok", "metrics": {"throughput": 2.0}},
         {"row": "l2l-cmp-u2", "key": "k2", "status": "partial: 1/3 rounds", "metrics": {"throughput": 3.0}},
     ]
-    monkeypatch.setattr(campaign, "sweep", lambda req, progress: made)
-    report = campaign.run_stage(9, dry=True, results_dir=tmp_path, progress=lambda m: None)
-    assert [(c["row"], c["key"], c["status"]) for c in report["cells"]] == [
+    monkeypatch.setattr(stage, "sweep", lambda req, progress: made)
+    report = run_stage(StageRequest(9, dry=True, results_dir=tmp_path), progress=lambda m: None)
+    assert [(c["row"], c["key"], c["status"]) for c in report.cells] == [
         ("l2l-cmp-u1", "k1", "ok"),
         ("l2l-cmp-u2", "k2", "partial: 1/3 rounds"),
     ]
-    assert report["left"] == ["table3/l2l-cmp-u2"]
+    assert report.left == ["table3/l2l-cmp-u2"]
 
 
 def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tmp_path, monkeypatch):
@@ -179,16 +181,16 @@ def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tm
     from suite.estimate import Line
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
-    monkeypatch.setattr(campaign, "STAGES", {9: campaign.Stage("parts", bench=True, counted=True)})
+    monkeypatch.setattr(stages, "STAGES", {9: stages.Stage("parts", bench=True, counted=True)})
     lines = [Line(9, "bench", 1, 1000.0, "x"), Line(9, "counted vs measured", 1, 1.0, "x")]
-    monkeypatch.setattr(campaign, "estimate", lambda *a, **k: lines)
-    real = campaign.fingerprint
-    monkeypatch.setattr(campaign, "fingerprint", lambda: {**real(), "gpu": {"name": "a GPU"}})  # a stage needs one
+    monkeypatch.setattr(stage, "estimate", lambda *a, **k: lines)
+    real = stage.fingerprint
+    monkeypatch.setattr(stage, "fingerprint", lambda: {**real(), "gpu": {"name": "a GPU"}})  # a stage needs one
     ran = []
     monkeypatch.setattr(
-        campaign, "_pytest", lambda tests, *a: ran.append(tests) or {"exit": 0, "passed": 1, "failed": 0}
+        stage, "run_pytest", lambda tests, *a: ran.append(tests) or {"exit": 0, "passed": 1, "failed": 0}
     )
     said = []
-    report = campaign.run_stage(9, budget=60.0, results_dir=tmp_path, progress=said.append)
-    assert report["left"] == ["L2L microbenchmarks"] and ran == [campaign.COUNTED_TESTS]
+    report = run_stage(StageRequest(9, budget=60.0, results_dir=tmp_path), progress=said.append)
+    assert report.left == ["L2L microbenchmarks"] and ran == [pytest_steps.COUNTED_TESTS]
     assert any("L2L microbenchmarks | left for the next call: it needs about 1000 s" in m for m in said)

@@ -133,11 +133,11 @@ def test_the_campaign_help_lists_every_stage_from_its_table():
     import subprocess
     import sys
 
-    from suite import campaign
+    from suite.campaign.stages import STAGES
 
     out = subprocess.run(
         [sys.executable, "-m", "suite", "campaign", "--help"], capture_output=True, text=True, check=True
     ).stdout
     flat = " ".join(out.split())
-    for n, stage in campaign.STAGES.items():
+    for n, stage in STAGES.items():
         assert f"{n}: {' '.join(stage.title.split())}" in flat, n

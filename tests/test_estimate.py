@@ -6,7 +6,7 @@ import json
 import pytest
 
 from suite import cli
-from suite.campaign import STAGES, Stage, Sweep
+from suite.campaign.stages import STAGES, Stage, Sweep
 from suite.core.experiment import get_experiment
 from suite.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
 from suite.harness.model import param_count
@@ -207,7 +207,7 @@ def test_counts_stored_for_the_target_cost_nothing_and_say_which_cells_pass_thei
 def test_the_counted_test_is_costed_by_its_cells_until_a_report_says_what_it_took(tmp_path):
     """Without a stage report, the counted-against-measured test costs a session's start and each of its cells in a
     fresh process (the count runs beside it, on the host); with one, what the report says."""
-    from suite.campaign import counted_cells
+    from suite.campaign.stages import counted_cells
     from suite.estimate import CostTable, _params
 
     (base,) = get_experiment("table2").cells("paper", ["baseline-fp32"], None, None)
@@ -248,14 +248,13 @@ def test_a_host_benchmark_costs_what_another_machine_took_until_the_target_ran_i
 def test_the_estimate_prices_exactly_the_cells_each_stages_sweeps_expand_to(tmp_path):
     """Every stage: the estimate lists each cell the runner's sweep expands to (its reference row included, skipped
     rows excluded), each once, and no other."""
-    from suite import campaign
     from suite.core.experiment import get_experiment
     from suite.core.plan import expand
     from suite.core.request import SweepRequest
     from suite.estimate import estimate
 
-    lines = estimate(campaign.STAGES, "h100", results_dir=tmp_path)  # no records: the cells are what is compared
-    for n, stage in campaign.STAGES.items():
+    lines = estimate(STAGES, "h100", results_dir=tmp_path)  # no records: the cells are what is compared
+    for n, stage in STAGES.items():
         for s in stage.sweeps:
             exp = get_experiment(s.experiment)
             req = SweepRequest(exp, "paper", s.only, overrides=("device=cuda",), wandb_mode="off")

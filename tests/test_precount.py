@@ -6,8 +6,8 @@ import json
 import pytest
 from test_runner import TINY, make_experiment
 
-from suite import campaign
-from suite.campaign import Stage, Sweep
+from suite.campaign import precounting
+from suite.campaign.stages import Stage, Sweep
 from suite.core import precount
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
@@ -56,10 +56,10 @@ def test_the_precount_counts_each_capped_cell_as_cuda_has_it_without_cuda(tmp_pa
     """`campaign --precount` counts each capped cell of its stages with device=cuda on a machine without CUDA,
     stores it, and a second call finds nothing left to count."""
     exp = _exp()
-    monkeypatch.setattr(campaign, "get_experiment", lambda name: exp)
-    monkeypatch.setattr(campaign, "STAGES", {2: Stage("t", sweeps=(Sweep("precount-test"),))})
+    monkeypatch.setattr(precounting, "get_experiment", lambda name: exp)
+    monkeypatch.setattr(precounting, "STAGES", {2: Stage("t", sweeps=(Sweep("precount-test"),))})
     seen: list[str] = []
-    assert campaign.precount_stages("2", results_dir=tmp_path, timeout=300, progress=seen.append) == 0
+    assert precounting.precount_stages("2", results_dir=tmp_path, timeout=300, progress=seen.append) == 0
     cells = exp.cells("paper", None, ["device=cuda"], None)  # the campaign's profile
     mine = (code_digest(), *versions())
     for cell in cells:
@@ -68,5 +68,5 @@ def test_the_precount_counts_each_capped_cell_as_cuda_has_it_without_cuda(tmp_pa
         assert json.loads((tmp_path / precount.FOLDER / f"{precount.count_of(cell).key}.json").read_text())["row"]
     assert cells[0].run.device == "cuda" and cells[0].key != exp.cells("paper", None, None, None)[0].key
     seen.clear()
-    assert campaign.precount_stages("2", results_dir=tmp_path, timeout=300, progress=seen.append) == 0
+    assert precounting.precount_stages("2", results_dir=tmp_path, timeout=300, progress=seen.append) == 0
     assert "0 capped cell(s)" in seen[0]
