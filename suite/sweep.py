@@ -59,19 +59,22 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
 
 def twins_first(req: SweepRequest, progress=print) -> None:
     """Rows that are another table's cell (Row.same_as: Table 4's one-rank rows are Table 3's L2L-CMP cells) are that
-    cell, never measured twice: where the twin is not finished on this machine (or `--force` asks for it anew), its
-    own table's sweep measures or resumes it first, with this call's settings; this table then reads its record."""
-    if req.follower or req.measure != "time":
+    cell, never measured twice: where the twin is not finished on this machine (no record, partial, pending, or a
+    status its table retries: an error, a timeout), or `--force` asks for it anew, its own table's sweep measures,
+    resumes or retries it first, with this call's settings; this table then reads its record, whatever its status.
+    Not across nodes, whose sweeps make records of their own."""
+    if req.follower or req.measure != "time" or req.nodes.multi:  # across nodes a row's records are its own
         return
     from suite.core.experiment import get_experiment
     from suite.core.plan import expand, same_as
     from suite.measure.machine import fingerprint
+    from suite.records import store
 
     machine = fingerprint()["slug"]
     due: dict[str, list[str]] = {}
     for cell in expand(req):
         twin = same_as(req, cell, machine)
-        if twin is not None and (req.force or twin["status"] != "ok"):
+        if twin is not None and (req.force or twin["status"] not in store.FINISHED):  # retried as its table retries
             due.setdefault(twin["reused_from"]["experiment"], []).append(twin["reused_from"]["row"])
     for name, rows in due.items():
         progress(f"{req.experiment.name}: {', '.join(rows)} of {name} first (the same cells as rows of this table)")

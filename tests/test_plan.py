@@ -172,3 +172,22 @@ def test_a_row_the_same_as_another_tables_cell_is_measured_once_as_that_cell(tmp
     assert len(ran) == 3
     sweep(dataclasses.replace(t4, force=True), seen.append)
     assert ran == ["table3/l2l-cmp-u1"] * 6
+
+
+def test_a_twin_that_finished_badly_gives_the_row_its_status_and_across_nodes_a_row_is_its_own(tmp_path):
+    """A Table 3 cell that ran out of memory is Table 4's row's verdict too (not a row pending for ever); a sweep
+    across nodes makes records of its own, so there the row runs as itself."""
+    from suite.config.launch import Nodes
+    from suite.core.experiment import get_experiment
+    from suite.core.plan import same_as
+    from suite.core.recorder import Recorder
+
+    t3 = SweepRequest(get_experiment("table3"), "tiny", only=["l2l-cmp-u1"], results_dir=tmp_path, wandb_mode="off")
+    (c3,) = expand(t3)
+    Recorder(t3, {"slug": "m"}, "s3", print).save(c3, {**_outcome("oom"), "error": "out of memory"})
+    t4 = SweepRequest(get_experiment("table4"), "tiny", only=["1-rank-u1"], results_dir=tmp_path, wandb_mode="off")
+    (c4,) = expand(t4)
+    got = same_as(t4, c4, "m")
+    assert got["status"] == "oom" and got["error"] == "out of memory" and got["reused_from"]["key"] == c3.key
+    across = dataclasses.replace(t4, nodes=Nodes(2, 0, "127.0.0.1:29500"))
+    assert same_as(across, c4, "m") is None

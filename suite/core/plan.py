@@ -103,10 +103,12 @@ class Plan:
 
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     """The outcome this cell gets from its row's twin (Row.same_as) when its cell runs this very config: the twin's
-    finished `ok` record on this machine, its metrics adapted; where the twin is not finished here, a `pending`
-    outcome naming it (the row is that cell, never measured as itself: suite.sweep measures the twin first, in its
-    own table's sweep); None where the row is not its twin's cell (it runs)."""
-    if cell.row.same_as is None or req.measure != "time":
+    record on this machine with its status (ok, oom, an error: the twin's own verdict), its metrics adapted; where
+    the twin has none yet, or an unfinished one (partial, pending), a `pending` outcome naming it (the row is that
+    cell, never measured as itself: suite.sweep.twins_first measures the twin first, in its own table's sweep).
+    None where the row is not its twin's cell and runs: another config, a count, or a sweep across nodes (whose
+    records are its own)."""
+    if cell.row.same_as is None or req.measure != "time" or req.nodes.multi:
         return None
     from suite.core.experiment import get_experiment
 
@@ -114,18 +116,18 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     twins = get_experiment(experiment).cells(req.profile, [row], list(req.overrides or []), req.device_memory)
     if len(twins) != 1 or twins[0].run != cell.run:
         return None
+    twin = {"experiment": experiment, "row": row, "key": twins[0].key}
     rec = store.load(req.results_dir, twins[0].key, machine)
-    if rec is None or rec["status"] != "ok":
+    if rec is None or str(rec["status"]).startswith(("partial", "pending")):
         state = rec["status"] if rec is not None else "no record"
         why = f"the same cell as {experiment}/{row}, not finished on {machine} ({state}): measured there, read here"
-        twin = {"experiment": experiment, "row": row, "key": twins[0].key}
         return {**failed(f"pending: {why}"), "reused_from": twin}
     adapt = cell.row.adapt or (lambda m: m)
     keep = ("status", "provenance", "rounds", "duration_s", "error")
     return {
         **{k: rec[k] for k in keep if k in rec},
         "metrics": adapt(dict(rec["metrics"])),
-        "reused_from": {"experiment": experiment, "row": row, "key": twins[0].key, "sweep": rec.get("sweep")},
+        "reused_from": {**twin, "sweep": rec.get("sweep")},
     }
 
 
@@ -143,10 +145,11 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
         elif cached and str(cached["status"]).startswith("pending") and not req.force:
             p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
-        twin = same_as(req, cell, machine)  # forced or not: the twin's sweep (suite.sweep) measured it anew
+        twin = same_as(req, cell, machine)  # forced or not: through suite.sweep, the twin's own sweep ran it anew
         if twin is not None:
             of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
-            said = f"the same cell as {of} on {machine}, reused" if twin["status"] == "ok" else "waits for " + of
+            waits = twin["status"].startswith("pending")
+            said = "waits for " + of if waits else f"the same cell as {of} on {machine}, reused"
             progress(f"{p.tags[cell.key]}: {twin['status'].split(':')[0]} ({said})")
             p.twins[cell.key] = twin
         elif cached and cached["status"] in store.FINISHED and not req.force:

@@ -49,7 +49,8 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     recorder = Recorder(req, fp, p.sweep, progress)
     records = dict(p.reused)
     for cell in [c for c in cells if c.key in p.twins]:
-        records[cell.key] = recorder.save(cell, p.twins[cell.key], final=p.twins[cell.key]["status"] == "ok")
+        twin = p.twins[cell.key]
+        records[cell.key] = recorder.save(cell, twin, final=not twin["status"].startswith("pending"))
     for cell in [c for c in cells if c.key in p.not_run]:
         records[cell.key] = recorder.save(cell, failed("not_implemented", p.not_run[cell.key]))
     if p.todo or p.complete:
