@@ -63,10 +63,13 @@ class Unsettles(GradAccum):
         import torch
 
         torch.set_num_threads(1)
-        torch.set_float32_matmul_precision("medium")
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cudnn.benchmark = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
         out = super().step(batch)
         torch.set_default_dtype(torch.float64)
+        torch.set_anomaly_enabled(True)
         return out
 
 

@@ -23,8 +23,7 @@ def check_cells(cells) -> None:
     """Every method constraint of every cell, before any process is launched: a broken one is a one-line
     ConfigError naming the cell, the constraint and a valid choice (not a traceback from every rank)."""
     for cell in cells:
-        method = cell.method_class
-        if not cell.spec.builds_method or method is None:
+        if not cell.spec.builds_method or (method := cell.method_class) is None:
             continue
         if method.unavailable() is not None:
             continue  # recorded not_implemented with the reason by the runner; the rest of the sweep runs

@@ -10,8 +10,7 @@ def pooled(cell: Cell) -> bool:
     """Whether a cell may run in a worker: a single-rank timed cell of one of our methods or of a peer whose
     library keeps no process-wide state but its process group (Method.shares_worker; several ranks need their own
     processes; the benchmarks and counts keep theirs)."""
-    method = cell.method_class
-    if not (cell.spec.timed and cell.world == 1 and method is not None):
+    if not cell.spec.timed or (method := cell.method_class) is None or cell.world != 1:
         return False
     return method.peer is None if method.shares_worker is None else method.shares_worker
 

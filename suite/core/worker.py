@@ -6,7 +6,8 @@ device's context, compiled kernels and each model shape's build are paid once, n
 Each job's outcome is written to its `out` path (atomically), as a cell process writes it, with
 `provenance.worker` saying which worker and job it was and what its pool held. Between jobs the allocator's
 cache, its peak statistics and memory cap, the pinned-host cache, the host's peak resident set and torch's
-per-process settings (threads, FP32 matmul precision, TF32, default dtype) go back to where the worker began.
+per-process settings (process_settings: threads, TF32 and the FP32 matmul precision, cuDNN's and determinism's
+flags, default dtype and device, grad and anomaly modes) go back to where the worker began.
 The runner's side (suite.core.worker_client.Worker) starts it under the orphan guard, times each job out, and
 records a dead worker's job with its status. Every method takes its copy from the pool, L2L among them: the
 pool's pristine model stays resident through the job, so a job's host peak (`host_peak_gb`) holds
@@ -25,22 +26,36 @@ import torch
 
 def process_settings() -> dict:
     """What torch keeps per process that changes a cell's numbers or speed if one cell leaves it changed: the
-    intra-op threads, the FP32 matmul precision, TF32 for matmuls and cuDNN, the default dtype, autograd's mode."""
+    intra-op threads, TF32 for matmuls and cuDNN, the FP32 matmul precision, cuDNN's autotuning and determinism,
+    deterministic algorithms, the default dtype and device, autograd's grad and anomaly modes."""
     return {
         "threads": torch.get_num_threads(),
-        "matmul_precision": torch.get_float32_matmul_precision(),
         "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn": (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic),
+        "deterministic": (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        ),
         "dtype": torch.get_default_dtype(),
+        "device": torch.get_default_device(),
         "grad": torch.is_grad_enabled(),
+        "anomaly": torch.is_anomaly_enabled(),
     }
 
 
 def restore(settings: dict) -> None:
+    """Put `settings` (process_settings()) back; TF32 before the matmul precision, which its setter rewrites."""
     torch.set_num_threads(settings["threads"])
-    torch.set_float32_matmul_precision(settings["matmul_precision"])
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = settings["tf32"]
+    torch.set_float32_matmul_precision(settings["matmul_precision"])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = settings["cudnn"]
+    on, warn_only = settings["deterministic"]
+    torch.use_deterministic_algorithms(on, warn_only=warn_only)
     torch.set_default_dtype(settings["dtype"])
+    torch.set_default_device(settings["device"])
     torch.set_grad_enabled(settings["grad"])
+    torch.set_anomaly_enabled(settings["anomaly"])
 
 
 STARTED_WITH: dict = {}  # process_settings() when the worker started, what every job starts from
@@ -54,6 +69,8 @@ def between_cells() -> bool:
 
     if STARTED_WITH:
         restore(STARTED_WITH)
+        if process_settings() != STARTED_WITH:  # a setting restore() cannot put back: say so, never run on silently
+            raise RuntimeError(f"the worker's torch settings could not be restored: {process_settings()}")
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
