@@ -128,12 +128,20 @@ def test_a_method_file_no_catalogue_line_names_is_found_by_name(tmp_path, monkey
         "from baselines.grad_accum import GradAccum\nfrom suite.core.registry import register\n\n\n"
         '@register("user-mine")\nclass Mine(GradAccum):\n    pass\n'
     )
-    (pkg / "helper.py").write_text("import atexit\natexit.register(print)\nraise ImportError('never imported')\n")
+    (pkg / "helper.py").write_text(  # a helper that says register( only in a comment and through atexit
+        "# the registry's register(...) is not called here\nimport atexit\natexit.register(print)\n"
+        "raise ImportError('never imported')\n"
+    )
+    (pkg / "dotted.py").write_text(
+        "from baselines.grad_accum import GradAccum\nfrom suite.core import registry\n\n\n"
+        '@registry.register("user-dotted")\nclass Dotted(GradAccum):\n    pass\n'
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "PACKAGES", (*registry.PACKAGES, "user_methods"))
     monkeypatch.setattr(registry, "_DISCOVERED", False)
     try:
         assert registry.get("user-mine").__name__ == "Mine"
-        assert "user-mine" in registry.names()
+        assert {"user-mine", "user-dotted"} <= set(registry.names())
     finally:
         registry.unregister("user-mine")
+        registry.unregister("user-dotted")

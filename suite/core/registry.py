@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +213,6 @@ METHODS = Catalogue(
     ],
 )
 PACKAGES = ("baselines", "methods")  # where an unlisted method file is looked for
-_REGISTERS = re.compile(r"(?<![\w.])register\(")  # `@register("name")`, not `atexit.register(`
 _DISCOVERED = False
 
 
@@ -234,8 +233,25 @@ def _discover() -> None:
             for path in sorted(Path(root).rglob("*.py")):
                 parts = path.relative_to(root).with_suffix("").parts
                 module = ".".join((pkg_name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
-                if module not in listed and _REGISTERS.search(path.read_text(errors="replace")):
+                if module not in listed and _registers(path):
                     importlib.import_module(module)
+
+
+def _registers(path: Path) -> bool:
+    """Whether a module's source calls the registry's `register` (`@register("name")`, `register(name)(cls)`,
+    `@registry.register(...)`), read as syntax, not imported: not `atexit.register(...)`, nor a word in a comment."""
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name) and f.id == "register":
+                return True
+            if isinstance(f, ast.Attribute) and f.attr == "register" and getattr(f.value, "id", "") == "registry":
+                return True
+    return False
 
 
 def load_all() -> None:
