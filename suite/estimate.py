@@ -242,6 +242,17 @@ def _environment(results_dir: Path, machine: str | None) -> dict:
     return json.loads(path.read_text()) if machine and path.exists() else {}
 
 
+# A stage report's part that did not finish: cut at the deadline (its `seconds`: what it ran), or not started
+# because its estimate did not fit the time left (its `seconds`: that estimate). Either is a lower bound.
+CUT, NOT_STARTED = "timeout", "not started"
+
+
+def part_line(key: str) -> str:
+    """A stage part's estimate line, from its key in the stage report (`counted_vs_measured`: `counted vs
+    measured`): how the campaign finds the part's estimate."""
+    return key.replace("_", " ")
+
+
 def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str) -> tuple[float, bool] | None:
     """How long a stage's part took in the target's own report, and whether it was cut at the stage's deadline
     (then it needs at least that long); None where no report says."""
@@ -253,7 +264,7 @@ def _report_seconds(results_dir: Path, machine: str | None, stage: int, key: str
     part = json.loads(path.read_text()).get(key)
     if not isinstance(part, dict) or not isinstance(part.get("seconds"), (int, float)):
         return None
-    return part["seconds"], part.get("exit") == "timeout"
+    return part["seconds"], part.get("exit") in (CUT, NOT_STARTED)
 
 
 def _tests_seconds(key: str, table: CostTable, counted_cells=None) -> tuple[float, str]:
@@ -325,8 +336,8 @@ def estimate(
                     seconds, src = _tests_seconds(key, table, stage.counted_cells)
                     if took is not None:  # cut at the deadline there: it needs at least what it had run
                         seconds = max(seconds, took[0])
-                        src = f"at least the {took[0]:.0f} s it ran before stage {number}'s deadline cut it; {src}"
-                lines.append(Line(number, key.replace("_", " "), 1, seconds, src))
+                        src = f"at least {took[0]:.0f} s (stage {number}'s report: cut, or not started); {src}"
+                lines.append(Line(number, part_line(key), 1, seconds, src))
         for s in stage.sweeps:
             exp = get_experiment(s.experiment)
             cells = [c for c in precount.as_on_gpu(exp, list(s.only) if s.only else None) if not c.row.skip]

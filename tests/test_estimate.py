@@ -225,6 +225,13 @@ def test_the_counted_test_is_costed_by_its_cells_until_a_report_says_what_it_too
     )
     (line,) = estimate(stages, "h100", results_dir=tmp_path)
     assert line.seconds == 77 and line.source == "stage 3's report on h100-test"
+    # a part cut at the deadline, or not started because its estimate did not fit: at least that long, never less
+    for exit_, seconds in (("timeout", 9.0), ("not started", 9.0), ("timeout", 10 * want)):
+        (tmp_path / "campaign" / "h100-test" / "stage-3.json").write_text(
+            json.dumps({"counted_vs_measured": {"seconds": seconds, "exit": exit_}})
+        )
+        (line,) = estimate(stages, "h100", results_dir=tmp_path)
+        assert line.seconds == pytest.approx(max(want, seconds)) and line.source.startswith(f"at least {seconds:.0f} s")
 
 
 def test_a_host_benchmark_costs_what_another_machine_took_until_the_target_ran_it(tmp_path):

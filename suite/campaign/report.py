@@ -40,7 +40,7 @@ class StageReport:
     done: bool = False
 
     def finish(self, seconds: float) -> None:
-        """Done when nothing is left and every pytest step that ran passed."""
+        """Done when nothing is left and every pytest step passed (one not started is left, so not done)."""
         self.seconds = round(seconds, 1)
         steps = (self.cuda_tests, self.bench, self.counted_vs_measured)
         self.done = not self.left and all((s or {}).get("exit") in (0, None) for s in steps)

@@ -16,7 +16,7 @@ from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
-from suite.estimate import estimate
+from suite.estimate import NOT_STARTED, estimate, part_line
 from suite.measure.machine import fingerprint
 from suite.sweep import sweep
 
@@ -77,22 +77,26 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
         report.estimate = [vars(ln) for ln in lines]
         need = {ln.what: ln.seconds for ln in lines}
 
-    def fits(part: str, label: str) -> bool:
-        """Whether `part` (its estimate line) fits the time left; if not it is left whole for the next call, never
-        started to be cut at the deadline."""
-        left = deadline - time.time()
-        if left > 0 and need.get(part, 0.0) <= left:
+    def fits(key: str, label: str) -> bool:
+        """Whether the part `key` (its estimate line) fits the time left; if not it is left whole for the next call,
+        never started to be cut at the deadline, and its report says what it needs (the next estimate's lower
+        bound)."""
+        left, needs = deadline - time.time(), need.get(part_line(key), 0.0)
+        if left > 0 and needs <= left:
             return True
         report.left.append(label)
-        progress(f"stage {number} | {label} | left for the next call: it needs about {need.get(part, 0):.0f} s, "
-                 f"{max(left, 0):.0f} s remain")  # fmt: skip
+        setattr(report, key, {"exit": NOT_STARTED, "seconds": round(needs, 1)})
+        why = f"it needs about {needs:.0f} s, {max(left, 0):.0f} s remain"
+        if needs > req.budget:
+            why += f"; more than the stage's whole budget: give --budget {needs * 1.1:.0f} or more"
+        progress(f"stage {number} | {label} | left for the next call: {why}")
         return False
 
     if number == 1:
         env = environment(fp)
         (here / "environment.json").write_text(json.dumps(env, indent=1, default=str))
         progress(env["described"])
-    if stage.cuda_tests and fits("cuda tests", "cuda tests"):
+    if stage.cuda_tests and fits("cuda_tests", "cuda tests"):
         extra = ["--collect-only"] if dry else []
         report.cuda_tests = t = run_pytest(CUDA_TESTS, "cuda", here / "cuda-tests.xml", extra, deadline - time.time())
         progress(
@@ -106,7 +110,7 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
         extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
         report.bench = run_pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
         progress(f"stage {number} | L2L microbenchmarks | exit {report.bench['exit']}")
-    if stage.counted and fits("counted vs measured", "counted against measured"):
+    if stage.counted and fits("counted_vs_measured", "counted against measured"):
         extra = ["--collect-only"] if dry else []
         got = run_pytest(COUNTED_TESTS, "cuda", here / "counted.xml", extra, deadline - time.time())
         report.counted_vs_measured = got
