@@ -6,7 +6,7 @@ import json
 import pytest
 from test_runner import TINY, make_experiment
 
-from suite.campaign import precounting
+from suite.campaign import precounting, stages
 from suite.campaign.stages import Stage, Sweep
 from suite.core import precount
 from suite.core.experiment import Row
@@ -57,7 +57,7 @@ def test_the_precount_counts_each_capped_cell_as_cuda_has_it_without_cuda(tmp_pa
     stores it, and a second call finds nothing left to count."""
     exp = _exp()
     monkeypatch.setattr(precounting, "get_experiment", lambda name: exp)
-    monkeypatch.setattr(precounting, "STAGES", {2: Stage("t", sweeps=(Sweep("precount-test"),))})
+    monkeypatch.setattr(stages, "STAGES", {2: Stage("t", sweeps=(Sweep("precount-test"),))})
     seen: list[str] = []
     assert precounting.precount_stages("2", results_dir=tmp_path, timeout=300, progress=seen.append) == 0
     cells = exp.cells("paper", None, ["device=cuda"], None)  # the campaign's profile

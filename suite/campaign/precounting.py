@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from suite.campaign.stages import STAGES, stage_numbers
+from suite.campaign import stages
 from suite.config import paths
 from suite.core.experiment import get_experiment
 
 
-def precount_stages(stages: str, results_dir=None, timeout: float = 1800.0, progress=print) -> int:
+def precount_stages(which: str, results_dir=None, timeout: float = 1800.0, progress=print) -> int:
     """Count every capped cell of the stages (`all` or one) as the GPU will resolve it (`device=cuda`), on this
     machine's cores, and store each count under results/campaign/precount/ for the GPU's sweeps to take
     (suite.core.precount). Run it where torch and transformers are the GPU image's (`make gpu-precount`: the mimic
@@ -23,16 +23,16 @@ def precount_stages(stages: str, results_dir=None, timeout: float = 1800.0, prog
     from suite.measure.provenance import code_digest, versions
 
     results_dir = Path(results_dir or paths.RESULTS_DIR)
-    numbers = stage_numbers(stages)
+    numbers = stages.stage_numbers(which)
     mine = (code_digest(), *versions())
     cells = []
     for n in numbers:
-        for s in STAGES[n].sweeps:
+        for s in stages.STAGES[n].sweeps:
             exp = get_experiment(s.experiment)
             got = precount.as_on_gpu(exp, list(s.only) if s.only else None)
             cells += [c for c in precount.capped(got) if precount.load(results_dir, c, *mine) is None]
     progress(
-        f"precount: {len(cells)} capped cell(s) of stage(s) {stages} to count for CUDA (torch {mine[1]}, "
+        f"precount: {len(cells)} capped cell(s) of stage(s) {which} to count for CUDA (torch {mine[1]}, "
         f"transformers {mine[2]}, code {mine[0]}), {os.cpu_count()} at a time"
     )
     failed = 0

@@ -145,7 +145,7 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
         elif cached and str(cached["status"]).startswith("pending") and not req.force:
             p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
-        twin = same_as(req, cell, machine)  # forced or not: through suite.sweep, the twin's own sweep ran it anew
+        twin = same_as(req, cell, machine)  # forced too: suite.sweep.twins_first has run the twin's sweep
         if twin is not None:
             of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
             waits = twin["status"].startswith("pending")

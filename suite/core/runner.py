@@ -1,4 +1,4 @@
-"""Runs a sweep: plan its cells, run the rest in fresh processes in interleaved rounds, record each on this machine."""
+"""Runs a sweep: plan its cells, run the rest through the sweep's launcher in interleaved rounds, record each here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     ones run, in its own sweep. With a deadline no cell-round starts that the longest one seen so far would carry
     past it; the cells left are reported and a later call resumes them.
 
-    A row that is another table's cell (Row.same_as) takes that cell's finished record here, with its sweep. With
+    A row that is another table's cell (Row.same_as) takes that cell's record here, with its sweep (pending where the
+    twin has none finished: suite.sweep.twins_first measures it first). With
     `req.precount` a capped cell of our methods is counted first and, past its cap, recorded `oom` without running.
     With `req.worker` single-rank timed cells of our methods run in one long-lived process (suite.core.worker).
 
@@ -144,7 +145,7 @@ class Rounds:
         self.launcher = choose(req, self.sweep, fresh, self.progress)
         completed = False
         try:
-            for r in range(1, 2 * req.rounds + 1):  # the passes past `rounds` make up rounds set aside (one())
+            for r in range(1, 2 * req.rounds + 1):  # the passes past `rounds` make up rounds set aside (one_path)
                 for cell in self.launcher.order([c for c in self.todo if self.due(c, r)], r):
                     planned = self.planned(cell)
                     tag = self.tags[cell.key] + (
@@ -213,7 +214,7 @@ class Rounds:
         kernel, LAMB kernel). A round whose path differs from the cell's rounds before it sets those aside (their
         figures kept in the record's `rounds_set_aside`, out of its median) and the cell is measured again under
         this round's path in the passes that follow; a cell whose path changes a second time is an error naming
-        both paths, with nothing merged."""
+        both paths (its figures those of the second path's rounds)."""
         before = [r for r in self.done[cell.key] if r["status"] == "ok"]
         if outcome["status"] != "ok" or not before or comparable(before[-1]) == comparable(outcome):
             return outcome
