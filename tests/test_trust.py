@@ -1,5 +1,6 @@
 """Numbers you can trust on any machine: fingerprints, records per machine, sweeps, rounds, faults, presentation."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -224,6 +225,36 @@ def test_a_cell_whose_rounds_took_different_paths_is_measured_again_under_one(tm
     exp = make_experiment([Row("a", "grad_accum")])
     (a,) = sweep(SweepRequest(exp, "tiny", results_dir=tmp_path / "2", wandb_mode="off", rounds=3), progress=quiet)
     assert a["status"].startswith("error: its rounds took different paths twice") and "other" in a["status"]
+
+
+def test_rounds_set_aside_stay_in_evidence_when_the_cell_resumes_in_a_later_call(tmp_path, monkeypatch):
+    """A cell cut at its deadline after a change of path keeps the rounds it set aside in its partial record, and
+    the call that resumes it keeps them in the final one."""
+    import types
+
+    from suite.core import runner
+    from suite.measure.provenance import code_digest
+    from suite.measure.step import METHODOLOGY_VERSION
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    clock, order = [1000.0], []
+    inner = _pathed({"a": [{"eager": ""}] + [{"triton": ""}] * 3}, order)
+
+    def timed(cell, timeout=None):
+        clock[0] += 10.0
+        out = inner(cell, timeout)
+        out["provenance"].update(methodology=METHODOLOGY_VERSION, code=code_digest())  # what a resume requires
+        return out
+
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(launcher, "run_cell", timed)
+    exp = make_experiment([Row("a", "grad_accum")])
+    req = SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off", rounds=3, deadline=1025.0)
+    (cut,) = sweep(req, progress=quiet)  # eager, then triton (the eager round set aside), then the deadline
+    assert cut["status"] == "partial: 1/3 rounds" and cut["metrics"]["rounds_set_aside"][0]["path"].endswith("eager")
+    (done,) = sweep(dataclasses.replace(req, deadline=None), progress=quiet)
+    assert done["status"] == "ok" and done["rounds"] == 3 and len(order) == 4
+    assert [r["path"].split("; ")[-1] for r in done["metrics"]["rounds_set_aside"]] == ["dropout eager"]
 
 
 def test_rounds_more_than_twice_apart_are_marked_whatever_the_cause(tmp_path, monkeypatch):

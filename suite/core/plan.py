@@ -99,6 +99,7 @@ class Plan:
     complete: list[Cell] = field(default_factory=list)  # resumed with every round asked for: finished as they stand
     todo: list[Cell] = field(default_factory=list)  # to measure (after their resumed rounds)
     twins: dict[str, Outcome] = field(default_factory=dict)  # another table's finished record of the same cell
+    aside: dict[str, list[dict]] = field(default_factory=dict)  # a resumed cell's rounds set aside by earlier calls
 
 
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
@@ -142,6 +143,8 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
         kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
         if kept:
             p.resumed[cell.key] = kept
+            if aside := cached["metrics"].get("rounds_set_aside"):  # what earlier calls set aside stays in evidence
+                p.aside[cell.key] = list(aside)
             p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
         elif cached and str(cached["status"]).startswith("pending") and not req.force:
             p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on

@@ -120,7 +120,8 @@ class Rounds:
         self.done = {c.key: list(p.resumed.get(c.key, [])) for c in p.todo}  # each cell's rounds: resumed, then new
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
         self.launcher: Fresh | None = None  # chosen when the rounds start (launcher.choose)
-        self.aside: dict[str, list[dict]] = {}  # each cell's rounds of another path, set aside (one_path)
+        # Each cell's rounds of another path, set aside (one_path), those of the calls it resumes from included.
+        self.aside: dict[str, list[dict]] = {k: list(v) for k, v in p.aside.items()}
         # For the time left: the cell-rounds this call has to run, and the seconds those run so far took.
         self.total = sum(max(self.planned(c) - len(self.done[c.key]), 0) for c in p.todo)
         self.ran, self.spent = 0, 0.0
@@ -181,7 +182,7 @@ class Rounds:
         which the same command resumes); a cell with none keeps whatever record it had."""
         kept = [r for r in self.done[cell.key] if r["status"] == "ok"]
         if kept and len(kept) < self.planned(cell):  # (a cell with every round done is saved final already)
-            self.recorder.save(cell, merge(kept, self.planned(cell)), final=False, tag=tag)
+            self.recorder.save(cell, self.with_aside(cell, merge(kept, self.planned(cell))), final=False, tag=tag)
         self.hold("interrupted before it ran; the same command runs it in this sweep")
         rounds = sum(len(v) for v in self.done.values())
         return Interrupted(
@@ -200,14 +201,18 @@ class Rounds:
         self.longest = max(self.longest, took)  # the deadline's yardstick
         outcome = self.one_path(cell, outcome, tag)
         self.done[cell.key].append(outcome)
-        merged = merge(self.done[cell.key], self.planned(cell))
-        if self.aside.get(cell.key):
-            merged["metrics"] = {**merged["metrics"], "rounds_set_aside": self.aside[cell.key]}
+        merged = self.with_aside(cell, merge(self.done[cell.key], self.planned(cell)))
         final = not merged["status"].startswith("partial")
         record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
         self.ran, self.spent = self.ran + 1, self.spent + took
         self.progress(f"{tag}: {record['status']} in {took:.1f}s{self._figures(outcome, record)}{self._left()}")
         return record
+
+    def with_aside(self, cell: Cell, merged: Outcome) -> Outcome:
+        """`merged` with the cell's rounds set aside in its metrics (a partial record resumed later keeps them)."""
+        if not self.aside.get(cell.key):
+            return merged
+        return {**merged, "metrics": {**merged["metrics"], "rounds_set_aside": self.aside[cell.key]}}
 
     def one_path(self, cell: Cell, outcome: Outcome, tag: str) -> Outcome:
         """No silent choice between rounds of different paths (the code, or the harness: dropout path, attention
