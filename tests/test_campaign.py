@@ -39,6 +39,7 @@ def _dry(tmp_path, monkeypatch, numbers):
     return reports, names, results
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_dry_campaign_runs_its_stages_and_packs_their_results(tmp_path, monkeypatch):
     """Stages 1 and 5 (stages 2 to 4, the L2L tables and the benchmarks' processes, in make test-slow)."""
     reports, names, results = _dry(tmp_path, monkeypatch, [1, 5])

@@ -59,6 +59,7 @@ def test_a_step_far_slower_than_the_median_or_rounds_far_apart_are_contended():
     assert merged["contended"] and merged["reasons"] == ["rounds: their rates lie 89.5x apart"]
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_path, monkeypatch, busy):
     monkeypatch.setenv("SUITE_MACHINE", "m")
     exp = make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum", {"seed": 7})])

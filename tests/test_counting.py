@@ -115,6 +115,7 @@ STEADY = [  # methods that claim steady_after = 0, on the device their counts us
 ]
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_methods_steady_from_their_first_step_count_without_a_warm_up():
     """Weights and optimizer state are made when a method is built (LayerwiseOptimizer preallocates its state; L2L's
     slots, param server and stash buffers are all alive at the first step's peak), so a count needs no warm-up

@@ -15,6 +15,7 @@ def test_bad_sizes_are_refused_before_anything_runs():
         get_experiment("bench-host-optim").cells("tiny", overrides=["size=huge"])
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_the_cell_measures_every_candidate_through_the_runner_and_renders(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", "test-machine")
     exp = get_experiment("bench-host-optim")

@@ -100,6 +100,7 @@ def _check_cli(method: str, *sets: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT)
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_suite_check_takes_the_preset():
     proc = _check_cli("l2l-cmp", "precision=bf16", "num_micro_batches=4")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -200,6 +200,7 @@ def _run_nodes(tmp_path, timeout: float = 300) -> dict[int, str]:
     return outs
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_two_agents_on_this_machine_as_two_nodes_run_a_pipeline_and_an_l2l_cell(tmp_path):
     outs = _run_nodes(tmp_path)
     assert "following node 0" in outs[1] and "node 0 ended the sweep" in outs[1]

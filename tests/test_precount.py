@@ -33,6 +33,7 @@ def _sweep(tmp_path, exp, seen):
     return sweep(req, progress=seen.append)
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_a_stored_count_is_taken_where_code_and_versions_match_and_counted_again_where_not(tmp_path):
     exp = _exp()
     a, b = exp.cells("tiny", None, None, None)

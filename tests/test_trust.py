@@ -310,7 +310,7 @@ def test_a_corrupt_record_gets_one_warning_and_its_cell_is_measured_again(tmp_pa
     "sig,worker",
     [
         (signal.SIGKILL, True),
-        (signal.SIGTERM, False),
+        pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
         pytest.param(signal.SIGKILL, False, marks=pytest.mark.slow),
         pytest.param(signal.SIGTERM, True, marks=pytest.mark.slow),
     ],

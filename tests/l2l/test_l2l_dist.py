@@ -45,14 +45,19 @@ def _torchrun(*args: str) -> tuple[int, str]:
     return proc.returncode, out
 
 
+SLOW = pytest.mark.slow  # make test-slow (make test keeps the CMP variant, inside its 15 minutes on 2 cores)
+
+
 @pytest.mark.parametrize(
     "args",
     [
         # Two micro-batches per rank, overlapped host updates, activations offloaded.
-        ("--set", "stash=cpu", "--set", "overlap=on", "--set", "num_micro_batches=2"),
+        pytest.param(("--set", "stash=cpu", "--set", "overlap=on", "--set", "num_micro_batches=2"), marks=SLOW),
         # Global-norm clipping over all-reduced gradients; one micro-batch per rank sums in the
         # reference's order, so the result is bitwise.
-        ("--set", "num_micro_batches=1", "--set", "clip_grad_norm=0.01", "--set", "optimizer=adamw"),
+        pytest.param(
+            ("--set", "num_micro_batches=1", "--set", "clip_grad_norm=0.01", "--set", "optimizer=adamw"), marks=SLOW
+        ),
         # CMP: fp16 gradients all-reduced in 16 bits, loss scaling gated on every rank's same sum.
         ("--method", "l2l-cmp", "--against", "amp", "--set", "precision=fp16", "--set", "overlap=on"),
     ],

@@ -68,6 +68,7 @@ def test_oracle_catches_stale_slot_weights(monkeypatch):
     assert not result.passed
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_cli_check_passes():
     cmd = [
         sys.executable,

@@ -144,6 +144,7 @@ def test_plan_cli_projects_the_papers_cluster(capsys):
     assert cli_main(["plan", "--workers", "2", "--batch", "8", "--methods", "zero-bubble"]) == 2
 
 
+@pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_planner_predictions_hold_against_a_measured_run(tmp_path, monkeypatch):
     """Stated bound: worst-stage memory within 10% and throughput within a factor of 2 of a real 2-rank run
     (memory is the deterministic live-bytes tracker; time shares two CPU cores with whatever else runs)."""
