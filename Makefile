@@ -54,6 +54,7 @@ MIMIC_ABSENT := datasets wandb deepspeed pytest_timeout
 $(MIMIC_STAMP): Makefile
 	test -x $(MIMIC_PY) || $(MIMIC_PYTHON) -m venv $(MIMIC_VENV)
 	$(MIMIC_PY) -m pip install -q $(MIMIC_PACKAGES)
+	PYTHONPATH=. $(MIMIC_PY) -m suite.harness.fused_lamb  # its own build (one per torch installation), not in a test
 	touch $(MIMIC_STAMP)
 
 test-mimic: $(MIMIC_STAMP)
