@@ -12,15 +12,8 @@ from suite.config.errors import ConfigError
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
 
-PEERS = [
-    "torch-gpipe",
-    "torch-1f1b",
-    "torch-interleaved-1f1b",
-    "torch-looped-bfs",
-    "torch-zero-bubble",
-    "torch-zbv",
-    "torch-dualpipev",
-]
+# torch's schedules as the method catalogue lists them (registry.METHODS: the module that registers each).
+PEERS = [n for n in registry.METHODS.names() if registry.METHODS.entry(n).where == "methods.peers.torch_pipelining"]
 TINY = ["device=cpu", "model.layers=2", "model.hidden=32", "model.heads=2", "model.intermediate=64", "seq_len=8"]
 TIMEOUT = 300
 
