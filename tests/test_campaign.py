@@ -2,6 +2,7 @@
 
 import json
 import tarfile
+import time
 import types
 
 import pytest
@@ -188,12 +189,58 @@ def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tm
     real = stage.fingerprint
     monkeypatch.setattr(stage, "fingerprint", lambda: {**real(), "gpu": {"name": "a GPU"}})  # a stage needs one
     ran = []
-    monkeypatch.setattr(
-        stage, "run_pytest", lambda tests, *a: ran.append(tests) or {"exit": 0, "passed": 1, "failed": 0}
-    )
+    passed = {"exit": 0, "passed": 1, "failed": 0, "errors": 0, "skipped": 0}
+    monkeypatch.setattr(stage, "run_pytest", lambda tests, *a: ran.append(tests) or passed)
     said = []
     report = run_stage(StageRequest(9, budget=60.0, results_dir=tmp_path), progress=said.append)
     assert report.left == ["L2L microbenchmarks"] and ran == [pytest_steps.COUNTED_TESTS]
     assert report.bench == {"exit": "not started", "seconds": 1000.0}  # the next estimate's lower bound
     line = next(m for m in said if "L2L microbenchmarks | left for the next call: it needs about 1000 s" in m)
     assert "more than the stage's whole budget: give --budget 1100 or more" in line and not report.done
+
+
+def test_a_pytest_step_cut_at_its_limit_reports_what_it_ran_and_never_an_earlier_runs_report(tmp_path, monkeypatch):
+    """On the H100 (2026-11-27) stage 1's cuda tests were killed at the deadline and the stage read `18 passed` from
+    the JUnit file an earlier run had left: a step now removes it first, interrupts pytest at its limit so that it
+    reports the tests it finished, and where no report is written counts nothing."""
+    monkeypatch.setattr(pytest_steps, "MIN_S", 1.0)
+    monkeypatch.setattr(pytest_steps, "INTERRUPT_GRACE_S", 3.0)
+    report = tmp_path / "steps.xml"
+    stale = "<testsuites><testsuite>" + '<testcase classname="old" name="t"/>' * 18 + "</testsuite></testsuites>"
+    tests = tmp_path / "test_steps.py"
+    tests.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(600)\n")
+    report.write_text(stale)
+    got = pytest_steps.run_pytest((str(tests),), "not nothing", report, ["-p", "no:cacheprovider"], budget=8.0)
+    assert got["exit"] == "timeout" and got["seconds"] < 60, got
+    assert (got["passed"], got["failed"], got["errors"]) == (1, 0, 0), got  # test_quick, from this run's report
+    assert "old" not in report.read_text()
+    deaf = tmp_path / "test_deaf.py"  # a run that ignores the interrupt is killed and writes nothing
+    deaf.write_text("import signal, time\n\ndef test_deaf():\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                    "    time.sleep(600)\n")  # fmt: skip
+    report.write_text(stale)
+    got = pytest_steps.run_pytest((str(deaf),), "not nothing", report, ["-p", "no:cacheprovider"], budget=8.0)
+    assert got["exit"] == "timeout" and got["passed"] is None and not report.exists(), got
+    assert pytest_steps.counted_line(got) == "no JUnit report written (nothing counted)"
+
+
+def test_the_cuda_tests_run_with_fixed_tiles_then_the_tables_shape_tuned(tmp_path, monkeypatch):
+    """Stage 1's cuda tests: every one with the attention's tiles fixed, then BERT-Large's head shape tuned; one
+    report of both, the tuned run not started where the first was cut at the deadline."""
+    calls = []
+
+    def fake(files, marker, report, extra, budget, env=None):
+        calls.append((files, extra, env))
+        return {"command": report.name, "exit": 0, "seconds": 1.0, "passed": 2, "failed": 0,
+                "skipped": 1, "errors": 0, "collected": 3, "tail": report.name}  # fmt: skip
+
+    monkeypatch.setattr(pytest_steps, "run_pytest", fake)
+    got = pytest_steps.run_cuda_tests(tmp_path, [], deadline=time.time() + 100)
+    (fixed_files, fixed_k, fixed_env), (tuned_files, tuned_k, tuned_env) = calls
+    assert fixed_files == pytest_steps.CUDA_TESTS and fixed_env == {"SUITE_TRITON_TUNE": "0"}
+    assert fixed_k == ["-k", f"not {pytest_steps.TUNED_K}"] and tuned_k == ["-k", pytest_steps.TUNED_K]
+    assert tuned_files == pytest_steps.TUNED_TESTS and tuned_env is None
+    assert (got["passed"], got["skipped"], got["collected"], got["exit"], got["seconds"]) == (4, 2, 6, 0, 2.0)
+    calls.clear()
+    monkeypatch.setattr(pytest_steps, "run_pytest", lambda *a, **k: calls.append(a) or {"exit": "timeout"})
+    assert pytest_steps.run_cuda_tests(tmp_path, [], deadline=time.time() + 100) == {"exit": "timeout"}
+    assert len(calls) == 1

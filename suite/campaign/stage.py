@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from suite.campaign import stages
-from suite.campaign.pytest_steps import BENCH_TESTS, COUNTED_TESTS, CUDA_TESTS, run_pytest
+from suite.campaign.pytest_steps import BENCH_TESTS, COUNTED_TESTS, counted_line, run_cuda_tests, run_pytest
 from suite.campaign.report import StageReport, campaign_dir, environment, pack, summary_line
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
-from suite.estimate import NOT_STARTED, estimate, part_line
+from suite.estimate import CUT, NOT_STARTED, estimate, part_line
 from suite.measure.machine import fingerprint
 from suite.sweep import sweep
 
@@ -98,11 +98,13 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
         progress(env["described"])
     if stage.cuda_tests and fits("cuda_tests", "cuda tests"):
         extra = ["--collect-only"] if dry else []
-        report.cuda_tests = t = run_pytest(CUDA_TESTS, "cuda", here / "cuda-tests.xml", extra, deadline - time.time())
+        report.cuda_tests = t = run_cuda_tests(here, extra, deadline)
+        if t["exit"] == CUT:  # what it did not reach runs again in the next call
+            report.left.append("cuda tests (cut at the deadline)")
         progress(
-            f"stage {number} | cuda tests | {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
-            f"{t['skipped']} skipped in {t['seconds']}s"
-            + (f" (dry: {t['collected']} collected, not run)" if dry else "")
+            f"stage {number} | cuda tests | "
+            + (counted_line(t) + f" in {t['seconds']}s" if not dry else f"dry: {t['collected']} collected, not run")
+            + (f" (exit {t['exit']})" if t["exit"] not in (0, 5) and not dry else "")
         )
     for s in stage.sweeps:
         run_sweep(s, req, report, results_dir, profile, deadline, progress)
@@ -114,7 +116,7 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
         extra = ["--collect-only"] if dry else []
         got = run_pytest(COUNTED_TESTS, "cuda", here / "counted.xml", extra, deadline - time.time())
         report.counted_vs_measured = got
-        progress(f"stage {number} | counted against measured | {got['passed']} passed, {got['failed']} failed")
+        progress(f"stage {number} | counted against measured | {counted_line(got)} (exit {got['exit']})")
     report.finish(time.time() - started)
     if report.estimate_s is not None:
         progress(f"stage {number}: estimated {report.estimate_s:.0f} s, took {report.seconds:.0f} s")
