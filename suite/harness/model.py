@@ -20,16 +20,19 @@ def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dr
     """Scaled dot-product attention whose probability dropout draws a keyed mask.
 
     Without dropout it defers to transformers' SDPA kernel. With dropout, where the draws take the Triton hash
-    (CUDA), one fused kernel (suite/harness/kernels/attention.py: online softmax, the keyed mask drawn inside it,
-    nothing S x S stored); elsewhere (the CPU's per-sample generator, the eager hash the kernels are held to) the
-    materialised path: scores, an FP32 softmax, the keyed dropout, the second matmul.
+    (CUDA) in 16 bits, one fused kernel (suite/harness/kernels/attention.py: online softmax, the keyed mask drawn
+    inside it, nothing S x S stored); elsewhere the materialised path: scores, an FP32 softmax, the keyed dropout
+    (the dropout kernel where the draws take the Triton hash), the second matmul. That is the CPU's per-sample
+    generator, the eager hash the kernels are held to, and FP32 on CUDA: Triton's FP32 dot (IEEE, no tensor cores)
+    is far slower than cuBLAS's FP32 matmuls (on the H100 at 1253528 Table 2's FP32 baseline, micro-batch 2 x 512,
+    took 12.4 s a step through the kernel, 5.14 samples/s; at cd78134d, materialised, it measured 21.53).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if dropout == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-    if rng.path_for(query.device) == "hash_triton":
+    if rng.path_for(query.device) == "hash_triton" and query.dtype != torch.float32:
         from suite.harness.kernels import attention  # imports triton: only where the kernel runs
 
         dtype = query.dtype

@@ -286,7 +286,7 @@ class _Launch:
                 raise ValueError(f"keyed attention takes a boolean mask (True = attend), not {mask.dtype}")
             self.mask = mask.expand(self.B, self.H, self.SQ, self.SK).view(torch.uint8)
             self.mask_strides = _strides4(self.mask)
-        self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.precision = "tf32"  # a 16-bit dot's inputs are exact in it (FP32 inputs are refused: keyed_attention)
         self.block_d = max(16, triton.next_power_of_2(self.D))
 
     def mask_arg(self, q: torch.Tensor) -> torch.Tensor:
@@ -382,9 +382,12 @@ def keyed_attention(q, k, v, mask, scaling: float, dropout: float, key: tuple | 
     """softmax(q k^T * scaling, masked) with keyed dropout, times v: (B, H, S, D) in, (B, S, H, D) out.
 
     `key` is (k0, k1, sample offset, threshold, scale) as rng.keyed_dropout would draw them for the (B, H, Sq, Sk)
-    probabilities (None, with dropout 0, for none). q, k and v share one dtype (the caller casts)."""
+    probabilities (None, with dropout 0, for none). q, k and v share one 16-bit dtype (the caller casts); FP32
+    takes the materialised attention (suite/harness/model.py: Triton's FP32 dot has no tensor-core path)."""
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"keyed attention takes q, k, v of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the fused keyed attention takes fp16 or bf16, not {q.dtype} (FP32: the materialised one)")
     if not math.isfinite(scaling):
         raise ValueError(f"attention scaling {scaling} is not finite")
     return KeyedAttention.apply(q, k, v, mask, float(scaling), dropout, key)
