@@ -54,6 +54,20 @@ class Dies(GradAccum):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@register("oom-killed")
+class OomKilled(GradAccum):
+    """Dies as the kernel's OOM killer kills: its count in $SUITE_TEST_VMSTAT (the runner's stand-in for /proc/vmstat)
+    goes up, then SIGKILL."""
+
+    def step(self, batch):
+        import os
+        import signal
+
+        with open(os.environ["SUITE_TEST_VMSTAT"], "w") as f:
+            f.write("pgfault 7\noom_kill 1\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 @register("unsettles")
 class Unsettles(GradAccum):
     """Changes what a process keeps for every later cell (torch's threads, FP32 matmul precision and TF32, the
@@ -76,5 +90,6 @@ class Unsettles(GradAccum):
 def register_again() -> None:
     """Register this module's cell-failing methods in a test process that unregistered them (the module stays
     imported, so importing it again registers nothing)."""
-    for name, cls in (("always-fails", AlwaysFails), ("sleeps", Sleeps), ("dies", Dies), ("unsettles", Unsettles)):
+    made = (("always-fails", AlwaysFails), ("sleeps", Sleeps), ("dies", Dies), ("oom-killed", OomKilled))
+    for name, cls in (*made, ("unsettles", Unsettles)):
         register(name)(cls)

@@ -50,12 +50,13 @@ def launch(
 ) -> tuple[Outcome | None, Outcome]:
     """Run the cell `payload` (Cell.resolved()) on `world` ranks, this node's share of them when `nodes` spans
     several. Returns (rank 0's record if it was written on this node, else None; the record the cell gets
-    without it: `timeout`, `oom` when the kernel killed it, or an error with the log's tail)."""
+    without it: `timeout`, `oom` when the kernel's OOM killer killed it, or an error with the log's tail)."""
     with tempfile.TemporaryDirectory(prefix="suite-cell-") as tmp:
         cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
         with open(cfg_path, "w") as f:
             json.dump(payload, f, default=str)
         here = nodes.ranks_per_node(world) if nodes is not None and world > 1 else world
+        oom_before = oom_kills()
         with open(log_path, "w") as log:
             # A new session so that a timeout kills the cell and every rank it started.
             proc = subprocess.Popen(
@@ -85,15 +86,44 @@ def launch(
             if outcome is not None:
                 return outcome, {}
         if status is None:
-            status = exit_status(proc.returncode, "cell process")
+            status = exit_status(proc.returncode, "cell process", oom_before)
+        elif status == "timeout":
+            log_tail = f"killed at its {timeout:g} s timeout; its log's tail:\n{log_tail}"
         return None, failed(status, log_tail)
 
 
-def exit_status(code: int | None, what: str) -> str:
-    """The status of a process that ended without a record: `oom` when SIGKILL ended it (the kernel's OOM killer)."""
-    if code is not None and code < 0 and -code == signal.SIGKILL:
+VMSTAT = "/proc/vmstat"  # its `oom_kill` line: every kill of the kernel's OOM killer, a cgroup's limit's included
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (Linux 4.13 and later), None where that
+    cannot be read: the evidence a SIGKILL needs to be called out-of-memory."""
+    try:
+        with open(VMSTAT) as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def exit_status(code: int | None, what: str, oom_before: int | None) -> str:
+    """The status of a process that ended without a record: `oom` only where SIGKILL ended it while the kernel's
+    OOM killer counted a kill (`oom_before`: its count when the process started); any other signal or a SIGKILL
+    without that evidence (a user's kill -9, a scheduler, a wrapper's timeout) is an error naming the signal,
+    which the same command measures again."""
+    if code is None or code >= 0:
+        return f"error: {what} exited with code {code} without a record"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    now = oom_kills()
+    if -code == signal.SIGKILL and oom_before is not None and now is not None and now > oom_before:
         return "oom"
-    return f"error: {what} exited with code {code} without a record"
+    why = "the kernel counted no out-of-memory kill" if now is not None else "the kernel's OOM count is unreadable"
+    return f"error: {what} killed by {name} ({why}: not out of memory; the same command measures it again)"
 
 
 def read_outcome(out_path: str) -> tuple[Outcome | None, str | None]:

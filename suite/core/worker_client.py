@@ -12,14 +12,14 @@ import tempfile
 import time
 
 from suite.config import paths
-from suite.core.process import cell_env, exit_status, read_outcome
+from suite.core.process import cell_env, exit_status, oom_kills, read_outcome
 from suite.records.schema import Outcome, failed
 
 
 class Worker:
     """A long-lived cell process, started when first needed, under the orphan guard and in a session of its own;
     each job timed out like a cell. A worker that dies, or is killed at a timeout, leaves its job one status (`oom`
-    where the kernel killed it, `timeout`, or an error with its log's tail) and the next job starts a new one."""
+    where the kernel's OOM killer killed it, `timeout`, or an error naming the signal, with its log's tail) and the next job starts a new one."""
 
     def __init__(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="suite-worker-")
@@ -49,14 +49,14 @@ class Worker:
         self.jobs += 1
         out_path = os.path.join(self.tmp.name, f"out-{self.jobs}.json")
         log_from = os.path.getsize(self.log_path)
-        status = None
+        status, oom_before = None, oom_kills()
         try:
             self.proc.stdin.write(json.dumps({"payload": payload, "out": out_path}, default=str) + "\n")
             self.proc.stdin.flush()
             deadline = time.monotonic() + timeout
             while not os.path.exists(out_path):
                 if self.proc.poll() is not None:
-                    status = exit_status(self.proc.returncode, "worker")
+                    status = exit_status(self.proc.returncode, "worker", oom_before)
                     break
                 if time.monotonic() > deadline:
                     status = "timeout"
@@ -70,10 +70,13 @@ class Worker:
             outcome, status = read_outcome(out_path)
             if outcome is not None:
                 return outcome
-        self.stop(kill=status == "error: interrupted")  # a worker that failed a job is not trusted with another
+        # A worker that failed a job is not trusted with another; one interrupted or past its time is not waited for.
+        self.stop(kill=status in ("error: interrupted", "timeout"))
         with open(self.log_path, errors="replace") as f:
             f.seek(log_from)
             tail = f.read()[-4000:]
+        if status == "timeout":
+            tail = f"killed at its {timeout:g} s timeout; its log's tail:\n{tail}"
         return failed(status, tail)
 
     def stop(self, kill: bool = False) -> None:

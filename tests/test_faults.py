@@ -1,0 +1,79 @@
+"""Faults an adversarial user finds (issue 43): kills, interrupts, concurrent saves, bad values and bad records.
+Each test is the exact trigger; nothing measured is lost and every status says what happened."""
+
+import os
+
+import pytest
+from test_runner import make_experiment
+
+from suite.core import process, registry
+from suite.core.experiment import Row
+from suite.core.request import SweepRequest
+from suite.core.worker_client import close_shared_worker
+from suite.records import store
+from suite.sweep import sweep
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _this_machine(monkeypatch):
+    close_shared_worker()
+    monkeypatch.setenv("SUITE_MACHINE", "fault-machine")
+    yield
+    close_shared_worker()  # a worker keeps the environment it started with
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    monkeypatch.setenv("SUITE_PLUGINS", "plugin_methods")
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    registry.load_plugins()
+    import plugin_methods
+
+    plugin_methods.register_again()
+    yield
+    for name in ("always-fails", "sleeps", "dies", "oom-killed", "unsettles"):
+        registry.unregister(name)
+
+
+def _sweep(tmp_path, rows, worker=False, **kw):
+    req = SweepRequest(make_experiment(rows), "tiny", results_dir=tmp_path, wandb_mode="off", worker=worker, **kw)
+    return sweep(req, progress=lambda m: None)
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["fresh", "worker"])
+def test_a_kill_9_is_an_error_naming_the_signal_and_the_same_command_measures_it_again(tmp_path, plugins, worker):
+    """kill -9 of a cell process or of the worker (a user, a scheduler, a wrapper's timeout) was recorded `oom` for
+    good: finished, never measured again, passed by --strict. Without an OOM kill counted by the kernel it is an
+    error naming SIGKILL, which a rerun of the same command measures again."""
+    rows = [Row("dies", "dies")]
+    (first,) = _sweep(tmp_path, rows, worker=worker, rounds=1)
+    assert first["status"].startswith(f"error: {'worker' if worker else 'cell process'} killed by SIGKILL")
+    assert first["status"] not in store.FINISHED
+    (again,) = _sweep(tmp_path, rows, worker=worker, rounds=1)
+    assert again["status"].startswith("error:") and again["finished"] != first["finished"]  # measured again
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["fresh", "worker"])
+def test_a_sigkill_the_kernels_oom_killer_counted_is_oom(tmp_path, plugins, worker, monkeypatch):
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 3\noom_kill 0\n")
+    monkeypatch.setattr(process, "VMSTAT", str(vmstat))
+    monkeypatch.setenv("SUITE_TEST_VMSTAT", str(vmstat))  # the cell bumps the count, then kills itself
+    (rec,) = _sweep(tmp_path, [Row("killed", "oom-killed")], worker=worker, rounds=1)
+    assert rec["status"] == "oom", rec["status"]
+
+
+def test_exit_statuses_say_what_ended_the_process(monkeypatch, tmp_path):
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("oom_kill 4\n")
+    monkeypatch.setattr(process, "VMSTAT", str(vmstat))
+    assert process.oom_kills() == 4
+    assert process.exit_status(-9, "cell process", 4).startswith("error: cell process killed by SIGKILL")
+    assert process.exit_status(-9, "cell process", 3) == "oom"
+    assert process.exit_status(-15, "worker", 3).startswith("error: worker killed by SIGTERM")
+    assert process.exit_status(1, "worker", 3) == "error: worker exited with code 1 without a record"
+    monkeypatch.setattr(process, "VMSTAT", str(tmp_path / "absent"))
+    assert process.oom_kills() is None
+    assert "unreadable" in process.exit_status(-9, "cell process", None)
