@@ -19,7 +19,8 @@ from suite.records.schema import Outcome, failed
 class Worker:
     """A long-lived cell process, started when first needed, under the orphan guard and in a session of its own;
     each job timed out like a cell. A worker that dies, or is killed at a timeout, leaves its job one status (`oom`
-    where the kernel's OOM killer killed it, `timeout`, or an error naming the signal, with its log's tail) and the next job starts a new one."""
+    where the kernel's OOM killer killed it, `timeout`, or an error naming the signal, with its log's tail) and the
+    next job starts a new one."""
 
     def __init__(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="suite-worker-")
