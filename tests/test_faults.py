@@ -2,6 +2,9 @@
 Each test is the exact trigger; nothing measured is lost and every status says what happened."""
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 from test_runner import make_experiment
@@ -14,6 +17,7 @@ from suite.records import store
 from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +81,33 @@ def test_exit_statuses_say_what_ended_the_process(monkeypatch, tmp_path):
     monkeypatch.setattr(process, "VMSTAT", str(tmp_path / "absent"))
     assert process.oom_kills() is None
     assert "unreadable" in process.exit_status(-9, "cell process", None)
+
+
+def test_an_interrupted_force_sweep_keeps_every_earlier_record_and_names_the_command_that_goes_on(tmp_path):
+    """SIGTERM 6 s into a --force run wrote `pending` over two `ok` records and erased an earlier sweep's rounds.
+    Now a cell's earlier record stands until its replacement is complete, and the hint re-measures the rest."""
+    from test_interrupts import _records, _run
+
+    code, out, err = _run(tmp_path, ["--worker"])
+    assert code == 0, (out, err)
+    first = _records(tmp_path)
+    assert {r["status"] for r in first.values()} == {"ok"}
+    code, out, err = _run(
+        tmp_path, ["--worker", "--force"], stop_at="l2l-fp32 (l2l, tiny) round 2/2: running", sig=signal.SIGTERM
+    )
+    assert code == 130, (out, err)
+    cut = _records(tmp_path)
+    assert (
+        cut["baseline-fp32"]["status"] == "ok"
+        and cut["baseline-fp32"]["finished"] != first["baseline-fp32"]["finished"]
+    )
+    assert cut["l2l-fp32"] == first["l2l-fp32"]  # its first new round is not written over the finished record
+    (line,) = err.strip().splitlines()
+    hint = "python -m suite run table2 --profile tiny --force --rounds 2 --worker --only l2l-fp32"
+    assert "1 cell(s) measured again in full, 1 not" in line and line.endswith(hint), line
+    env = {**os.environ, "SUITE_RESULTS_DIR": str(tmp_path), "SUITE_MACHINE": "m"}
+    done = subprocess.run([sys.executable, "-m", *hint.split()[2:], "--wandb", "off"], env=env, cwd=ROOT, text=True,
+                          capture_output=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = _records(tmp_path)
+    assert again["l2l-fp32"]["status"] == "ok" and again["l2l-fp32"]["finished"] != first["l2l-fp32"]["finished"]

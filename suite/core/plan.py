@@ -100,6 +100,9 @@ class Plan:
     todo: list[Cell] = field(default_factory=list)  # to measure (after their resumed rounds)
     twins: dict[str, Outcome] = field(default_factory=dict)  # another table's finished record of the same cell
     aside: dict[str, list[dict]] = field(default_factory=dict)  # a resumed cell's rounds set aside by earlier calls
+    # Cells with a record of their own here before this call: an interrupt never writes over one, and under --force
+    # one is replaced only by its complete successor (suite.core.runner.Rounds)
+    own: set[str] = field(default_factory=set)
 
 
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
@@ -140,6 +143,8 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
         name = f"{req.experiment.name}/{cell.row.name}"
         p.tags[cell.key] = f"[{i}/{len(cells)}] {name} ({cell.row.method}, {req.profile})"
         cached = store.load(req.results_dir, cell.key, machine, warn=progress)
+        if cached is not None:
+            p.own.add(cell.key)
         kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
         if kept:
             p.resumed[cell.key] = kept

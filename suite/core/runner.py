@@ -125,6 +125,13 @@ class Rounds:
         # For the time left: the cell-rounds this call has to run, and the seconds those run so far took.
         self.total = sum(max(self.planned(c) - len(self.done[c.key]), 0) for c in p.todo)
         self.ran, self.spent = 0, 0.0
+        self.own = p.own  # cells with a record here before this call: never written over by a hold
+        self.replaced: set[str] = set()  # under --force, the cells whose complete new record has replaced the old
+
+    def keeps_earlier(self, cell: Cell) -> bool:
+        """Whether `cell`'s earlier record stands until its new one is complete: under --force, where it has one (a
+        forced sweep cut short must not leave a partial record, or none, where a finished one was)."""
+        return self.req.force and cell.key in self.own and cell.key not in self.replaced
 
     def planned(self, cell: Cell) -> int:
         return self.req.planned_rounds(is_timed(cell.kind))
@@ -171,24 +178,51 @@ class Rounds:
         return records
 
     def hold(self, why: str) -> None:
-        """Save each cell that has not measured a round yet as `pending: <why>` in this sweep, so that the call which
-        runs it joins the sweep (suite.core.plan) and its ratios hold."""
+        """Save each cell that has not measured a round yet and has no record of its own as `pending: <why>` in this
+        sweep, so that the call which runs it joins the sweep (suite.core.plan) and its ratios hold. A record there
+        before (finished, partial, an error) is never written over."""
         for cell in self.todo:
-            if not self.done[cell.key]:
+            if not self.done[cell.key] and cell.key not in self.own:
                 self.recorder.save(cell, failed(f"pending: {why}"))
 
     def interrupted(self, cell: Cell, tag: str) -> Interrupted:
         """The running round is discarded; the cell's finished rounds are saved as a partial record (in this sweep,
         which the same command resumes); a cell with none keeps whatever record it had."""
         kept = [r for r in self.done[cell.key] if r["status"] == "ok"]
-        if kept and len(kept) < self.planned(cell):  # (a cell with every round done is saved final already)
+        if kept and len(kept) < self.planned(cell) and not self.keeps_earlier(cell):  # (all done: saved final)
             self.recorder.save(cell, self.with_aside(cell, merge(kept, self.planned(cell))), final=False, tag=tag)
         self.hold("interrupted before it ran; the same command runs it in this sweep")
-        rounds = sum(len(v) for v in self.done.values())
+        what = f"interrupted: {tag.split('] ', 1)[-1]} discarded its running round"
+        if not self.req.force:
+            rounds = sum(len(v) for v in self.done.values())
+            return Interrupted(
+                f"{what}; {rounds} finished cell-round(s) of sweep {self.sweep} are kept, and the same command "
+                "resumes it"
+            )
+        left = [c for c in self.todo if self.keeps_earlier(c) or (c.key not in self.own and not self.final(c))]
+        if not left:
+            return Interrupted(f"{what}; every cell of sweep {self.sweep} was measured again in full")
         return Interrupted(
-            f"interrupted: {tag.split('] ', 1)[-1]} discarded its running round; {rounds} finished cell-round(s) of "
-            f"sweep {self.sweep} are kept, and the same command resumes it"
+            f"{what}; {len(self.todo) - len(left)} cell(s) measured again in full, {len(left)} not (those with a "
+            f"record keep it: --force replaces a record only with a complete one); to measure them again: "
+            f"{self.command(left)}"
         )
+
+    def final(self, cell: Cell) -> bool:
+        done = self.done[cell.key]
+        return bool(done) and (len(done) >= self.planned(cell) or done[-1]["status"] != "ok")
+
+    def command(self, cells: list[Cell]) -> str:
+        """The command that measures `cells` again as this sweep asked (--force, its profile, settings, rounds)."""
+        req = self.req
+        parts = ["python -m suite run", req.experiment.name, "--profile", req.profile, "--force"]
+        parts += [f"--rounds {req.rounds}"] if req.rounds != req.experiment.rounds else []
+        parts += [f"--device-memory {req.device_memory}"] if req.device_memory else []
+        parts += [f"--set {o}" for o in req.overrides or ()]
+        parts += ["--worker"] if req.worker else []
+        parts += ["--measure count"] if req.measure == "count" else []
+        parts += [f"--only {c.row.name}" for c in cells]
+        return " ".join(parts)
 
     def one(self, cell: Cell, tag: str) -> Record:
         """One round of `cell`: run it, merge it with the rounds before, save the record, report it."""
@@ -203,7 +237,12 @@ class Rounds:
         self.done[cell.key].append(outcome)
         merged = self.with_aside(cell, merge(self.done[cell.key], self.planned(cell)))
         final = not merged["status"].startswith("partial")
-        record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
+        if final or not self.keeps_earlier(cell):
+            record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
+            if final:
+                self.replaced.add(cell.key)
+        else:  # under --force the earlier record stands until this one is complete
+            record = self.recorder.label(cell, merged)
         self.ran, self.spent = self.ran + 1, self.spent + took
         self.progress(f"{tag}: {record['status']} in {took:.1f}s{self._figures(outcome, record)}{self._left()}")
         return record
