@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_runner import make_experiment
@@ -111,3 +112,48 @@ def test_an_interrupted_force_sweep_keeps_every_earlier_record_and_names_the_com
     assert done.returncode == 0, done.stderr[-2000:]
     again = _records(tmp_path)
     assert again["l2l-fp32"]["status"] == "ok" and again["l2l-fp32"]["finished"] != first["l2l-fp32"]["finished"]
+
+
+WRITER = """
+import json, sys
+from pathlib import Path
+from suite.records import store
+me, n, root = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+base = json.loads(Path(sys.argv[4]).read_text())  # a real record: the schema's every field
+for i in range(n):
+    store.save(root, "k", "m", {**base, "error": f"{me}/{i}" + "." * (i % 7) * 500})  # sizes vary: a torn read shows
+"""
+READER = """
+import sys
+from pathlib import Path
+from suite.records import store
+n, root, bad = int(sys.argv[1]), Path(sys.argv[2]), []
+path = store.run_path(root, "k", "m")
+for _ in range(n):
+    if path.exists():
+        rec = store.read(path, warn=bad.append)
+        if rec is not None and not rec["error"].split("/")[0].startswith("w"):
+            bad.append(rec["error"][:40])
+print(len(bad), bad[:3])
+"""
+
+
+def test_processes_saving_and_reading_one_cell_at_once_see_only_whole_records(tmp_path):
+    """Every save went through `<key>.tmp`: two processes saving one cell shared it (176 of 6,000 saves raised
+    FileNotFoundError) and readers saw invalid JSON 2,083 times. Each save now has a temporary file of its own."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    run = [sys.executable, "-c"]
+    real = next(p for p in (Path(ROOT) / "results" / "runs").glob("*/*.json") if store.read(p) is not None)
+    writers = [subprocess.Popen([*run, WRITER, f"w{i}", "300", str(tmp_path), str(real)], env=env,
+                                stderr=subprocess.PIPE) for i in range(4)]  # fmt: skip
+    readers = [subprocess.Popen([*run, READER, "600", str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]  # fmt: skip
+    for w in writers:
+        _, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err.decode()[-2000:]
+    for r in readers:
+        out, _ = r.communicate(timeout=120)
+        assert out.startswith("0 "), out  # no torn record, no warning
+    folder = tmp_path / "runs" / "m"
+    assert [p.name for p in folder.iterdir()] == ["k.json"]  # no temporary file left behind
+    assert store.read(folder / "k.json")["error"].startswith("w")

@@ -13,6 +13,7 @@ from suite.campaign.pytest_steps import BENCH_TESTS, COUNTED_TESTS, counted_line
 from suite.campaign.report import StageReport, campaign_dir, environment, pack, summary_line
 from suite.config import paths
 from suite.config.errors import ConfigError
+from suite.config.files import write_atomic
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
@@ -94,7 +95,7 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
 
     if number == 1:
         env = environment(fp)
-        (here / "environment.json").write_text(json.dumps(env, indent=1, default=str))
+        write_atomic(here / "environment.json", json.dumps(env, indent=1, default=str))
         progress(env["described"])
     if stage.cuda_tests and fits("cuda_tests", "cuda tests"):
         extra = ["--collect-only"] if dry else []
@@ -120,7 +121,7 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
     report.finish(time.time() - started)
     if report.estimate_s is not None:
         progress(f"stage {number}: estimated {report.estimate_s:.0f} s, took {report.seconds:.0f} s")
-    (here / f"stage-{number}.json").write_text(report.to_json())
+    write_atomic(here / f"stage-{number}.json", report.to_json())
     progress(
         f"stage {number}: {'done' if report.done else 'not done'} in {report.seconds}s"
         + (f"; left for the next call: {', '.join(report.left)}" if report.left else "")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
+from suite.config.files import write_atomic
 from suite.core.experiment import Cell
 from suite.records.schema import Outcome
 
@@ -53,10 +53,7 @@ def save(results_dir: Path, cell: Cell, outcome: Outcome) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     rec = {"experiment": cell.experiment, "row": cell.row.name, "cell_key": cell.key, "count_key": count_of(cell).key}
     rec.update({k: outcome.get(k) for k in ("status", "metrics", "error", "provenance", "duration_s")})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(rec, indent=1, default=str))
 
 
 def load(

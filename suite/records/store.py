@@ -4,11 +4,11 @@ and checked against the record schema (suite/records/schema.py) when read."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from suite.config.files import write_atomic
 from suite.records.schema import SCHEMA_VERSION, Record, problems
 
 FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout, partial and not_implemented are tried again
@@ -41,16 +41,10 @@ def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] 
 
 
 def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
-    """Write atomically, so an interrupted sweep never leaves a half-written record; stamped with the schema's
-    version."""
+    """Write atomically (a temporary file of its own, renamed), so an interrupted sweep never leaves a half-written
+    record and two processes saving one cell each leave a whole one; stamped with the schema's version."""
     record = {**record, "schema": SCHEMA_VERSION}
-    path = run_path(results_dir, key, machine)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1, sort_keys=True, default=str)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(run_path(results_dir, key, machine), json.dumps(record, indent=1, sort_keys=True, default=str))
 
 
 def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Iterator[Record]:

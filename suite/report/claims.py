@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from suite.config.files import write_atomic
 from suite.report.reading import Reading, Where, read
 
 BEGIN = "<!-- claims: generated from results/runs/ by `python -m suite render`; do not edit by hand -->"
@@ -99,5 +100,5 @@ def write_readme(results_dir: Path, readme: Path | None = None) -> Path | None:
         return None
     new = replace_block(text, block(results_dir))
     if new != text:
-        readme.write_text(new)
+        write_atomic(readme, new)
     return readme

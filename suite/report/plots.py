@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
+from suite.config.files import write_atomic
 from suite.report import tables
 
 
@@ -23,8 +25,9 @@ def save(fig, results_dir, name: str, dpi: int = 120) -> Path:
     outside the axes included) and close it; returns the path."""
     fig.tight_layout()
     out = Path(results_dir) / "figures" / f"{name}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi, bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi, bbox_inches="tight")
+    write_atomic(out, png.getvalue())
     pyplot().close(fig)
     return out
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from suite.config import paths
+from suite.config.files import write_atomic
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
 from suite.core.rounds import RATES, spread
@@ -435,8 +436,8 @@ def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
             csv_rows.append(["section", *lines[0]])
         csv_rows += [[title, *line] for line in lines[1:]]
     md_path, csv_path = results_dir / f"{exp.name}.md", results_dir / f"{exp.name}.csv"
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text("\n".join(parts))
-    with open(csv_path, "w", newline="") as f:
-        csv.writer(f).writerows(csv_rows)
+    write_atomic(md_path, "\n".join(parts))
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(csv_rows)
+    write_atomic(csv_path, buf.getvalue())
     return md_path, csv_path
