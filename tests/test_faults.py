@@ -157,3 +157,63 @@ def test_processes_saving_and_reading_one_cell_at_once_see_only_whole_records(tm
     folder = tmp_path / "runs" / "m"
     assert [p.name for p in folder.iterdir()] == ["k.json"]  # no temporary file left behind
     assert store.read(folder / "k.json")["error"].startswith("w")
+
+
+def _cli(tmp_path, *args, env=None):
+    env = {**os.environ, "SUITE_RESULTS_DIR": str(tmp_path / "results"), "SUITE_MACHINE": "m", **(env or {})}
+    cmd = [sys.executable, "-m", "suite", "run", "table2", "--profile", "tiny", "--only", "baseline-fp32", *args]
+    return subprocess.run([*cmd, "--wandb", "off"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "args, env, said",
+    [
+        (["--timeout", "-1"], {}, "--timeout -1.0: give a positive number of seconds"),
+        (["--timeout", "nan"], {}, "--timeout nan: give a positive number of seconds"),
+        (["--set", "lr=nan"], {}, "lr=nan: give a finite number"),
+        (["--set", "model.dropout=inf"], {}, "model.dropout=inf: give a finite number"),
+        ([], {"SUITE_MACHINE": ".."}, "SUITE_MACHINE='..': give a plain name"),
+        ([], {"SUITE_MACHINE": "."}, "SUITE_MACHINE='.': give a plain name"),
+        ([], {"SUITE_MACHINE": "a/b"}, "SUITE_MACHINE='a/b': give a plain name"),
+    ],
+    ids=["timeout-negative", "timeout-nan", "lr-nan", "dropout-inf", "machine-dotdot", "machine-dot", "machine-slash"],
+)
+def test_a_bad_value_is_one_line_before_anything_runs(tmp_path, args, env, said):
+    """`--timeout -1` was recorded `timeout in 0.0s` (replacing an ok record under --force), `--timeout nan` ran with
+    no timeout, `--set lr=nan` was accepted, `SUITE_MACHINE=..` wrote results/<key>.json that no table shows."""
+    done = _cli(tmp_path, *args, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and said in lines[0], done.stderr[-2000:]
+    assert not list((tmp_path / "results").rglob("*.json")), "a record was written"
+
+
+def test_an_unwritable_results_folder_is_refused_before_the_cell_runs(tmp_path):
+    """The cell ran ~45 s, then its save raised a PermissionError traceback and the round was lost. (A folder under
+    a file: unwritable for any user, root included, which chmod is not.)"""
+    (tmp_path / "file").write_text("")
+    done = _cli(tmp_path, env={"SUITE_RESULTS_DIR": str(tmp_path / "file" / "results")})
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and "cannot be written" in line and "SUITE_RESULTS_DIR" in line, done.stderr
+    assert "running" not in done.stdout
+
+
+def test_a_save_that_fails_mid_sweep_is_one_line_with_the_figures_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """A save that fails anyway (a disk filling mid-sweep) names the file, keeps the measured figures on the
+    console, and the next cell runs; a W&B failure is no longer what it is called."""
+    from suite.core import recorder
+
+    real, said = store.save, []
+
+    def full_disk(results_dir, key, machine, record):
+        if record["row"] == "a":
+            raise OSError(28, "No space left on device")
+        return real(results_dir, key, machine, record)
+
+    monkeypatch.setattr(recorder.store, "save", full_disk)
+    req = SweepRequest(make_experiment([Row("a", "grad_accum"), Row("b", "grad_accum")]), "tiny",
+                       results_dir=tmp_path, wandb_mode="off", rounds=1)  # fmt: skip
+    records = sweep(req, progress=said.append)
+    line = next(m for m in said if "could not save" in m)
+    assert "No space left on device" in line and ".json" in line and '"throughput":' in line, line
+    assert records[1]["status"] == "ok" and (tmp_path / "runs" / "fault-machine").exists()
+    assert not any("W&B logging failed" in m for m in said)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -152,6 +153,9 @@ class RunConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0 or self.warmup_steps < 0 or self.total_steps < 0:
             raise ConfigError("warmup, warmup_steps and total_steps must be >= 0")
+        for name, value in _floats(self):
+            if not math.isfinite(value):
+                raise ConfigError(f"{name}={value}: give a finite number")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         model = self.model.resolved()
@@ -177,6 +181,17 @@ class RunConfig:
         d = dict(d)
         d["model"] = ModelConfig(**d.get("model", {}))
         return RunConfig(**d)
+
+
+def _floats(cfg: "RunConfig"):
+    """Every float setting of `cfg` by its --set name: the run's, the model's and the method's options."""
+    for f in dataclasses.fields(cfg):
+        if isinstance(getattr(cfg, f.name), float):
+            yield f.name, getattr(cfg, f.name)
+    for f in dataclasses.fields(cfg.model):
+        if isinstance(getattr(cfg.model, f.name), float):
+            yield f"model.{f.name}", getattr(cfg.model, f.name)
+    yield from ((k, v) for k, v in cfg.options.items() if isinstance(v, float))
 
 
 def _field_type(cls, name: str):

@@ -3,6 +3,7 @@ final."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -41,11 +42,27 @@ class Recorder:
         run's folder: saved first, so that a runner killed inside W&B loses no measured cell; a failure there is
         reported under the progress `tag`, and the record stands as saved."""
         record = self.label(cell, outcome)
-        store.save(self.req.results_dir, cell.key, self.machine["slug"], record)
+        if not self._store(record, tag):
+            return record
         if final:
             try:
                 record["wandb_dir"] = tracking.log_record(record, self.req.wandb_mode)
-                store.save(self.req.results_dir, cell.key, self.machine["slug"], record)
             except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
-                self.progress(f"{tag}: W&B logging failed: {exc}")
+                self.progress(f"{tag or record['row']}: W&B logging failed: {exc}")
+                return record
+            self._store(record, tag)
         return record
+
+    def _store(self, record: Record, tag: str) -> bool:
+        """Save `record`; where that fails (a full disk, a folder made read-only mid-sweep), one line naming the file
+        and the error, with the measured figures, so that nothing measured is lost from sight; the sweep goes on."""
+        try:
+            store.save(self.req.results_dir, record["key"], self.machine["slug"], record)
+            return True
+        except OSError as exc:
+            path = store.run_path(self.req.results_dir, record["key"], self.machine["slug"])
+            figures = json.dumps(record.get("metrics") or {}, sort_keys=True, default=str)
+            self.progress(
+                f"{tag or record['row']}: could not save {path} ({exc}); {record['status']}, figures: {figures}"
+            )
+            return False

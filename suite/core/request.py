@@ -3,6 +3,9 @@ unchanged."""
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,22 @@ from suite.core.experiment import Experiment, resolve_profile
 from suite.records import tracking
 
 MEASURES = ("time", "count")
+
+
+def writable(results_dir: Path) -> None:
+    """Refuse, before anything runs, a results folder this process cannot write a record into (a measured round
+    was lost to a PermissionError at its save)."""
+    runs = results_dir / "runs"
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=runs, prefix=".writable-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"results folder {results_dir} cannot be written ({exc.strerror or exc}): give SUITE_RESULTS_DIR a folder "
+            "this user can write"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -54,10 +73,14 @@ class SweepRequest:
         resolve("rounds", self.experiment.rounds if self.rounds is None else self.rounds)
         if self.rounds < 1:
             raise ConfigError(f"--rounds {self.rounds}: give 1 or more timing rounds (3 or more to see the noise)")
+        if self.timeout is not None and not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"--timeout {self.timeout}: give a positive number of seconds a cell may take")
         if self.measure not in MEASURES:
             raise ConfigError(f"--measure {self.measure!r}: accepted: {', '.join(MEASURES)}")
         resolve("nodes", (self.nodes or Nodes()).validate())
         resolve("wandb_mode", tracking.resolve_mode(self.wandb_mode))
+        if not self.follower:  # (a follower writes nothing)
+            writable(self.results_dir)
 
     @property
     def follower(self) -> bool:

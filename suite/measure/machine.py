@@ -10,6 +10,7 @@ from importlib import metadata
 
 import torch
 
+from suite.config.errors import ConfigError
 from suite.config.host import ram_bytes
 
 # CPU flags that change which kernels torch picks (and so the answer): bf16 autocast on an AVX2-only
@@ -123,11 +124,19 @@ def _gpu_slug(gpu: dict) -> str:
     return f"{gpu['count']}x-{slug}" if gpu["count"] > 1 else slug
 
 
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
 def slug(cpu: dict, gpu: dict | None) -> str:
     """A short stable name for tables: the GPU's when there is one, else the CPU's; SUITE_MACHINE overrides it."""
     override = os.environ.get("SUITE_MACHINE", "").strip()
     if override:
-        return re.sub(r"[^A-Za-z0-9._-]+", "-", override)
+        if not PLAIN_NAME.fullmatch(override):
+            raise ConfigError(
+                f"SUITE_MACHINE={override!r}: give a plain name (letters, digits, '.', '_', '-', not starting with "
+                "'.' or '-'): it names the machine's folder under results/runs/"
+            )
+        return override
     return _gpu_slug(gpu) if gpu else _cpu_slug(cpu)
 
 
