@@ -103,6 +103,7 @@ class Plan:
     # Cells with a record of their own here before this call: an interrupt never writes over one, and under --force
     # one is replaced only by its complete successor (suite.core.runner.Rounds)
     own: set[str] = field(default_factory=set)
+    untouched: dict[str, Outcome] = field(default_factory=dict)  # a newer suite's record: neither read nor replaced
 
 
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
@@ -145,6 +146,11 @@ def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[
         cached = store.load(req.results_dir, cell.key, machine, warn=progress)
         if cached is not None:
             p.own.add(cell.key)
+        elif (version := store.newer_here(req.results_dir, cell.key, machine)) is not None:
+            why = f"its record here was written by a newer suite (schema {version}): left untouched, not measured"
+            p.untouched[cell.key] = failed(f"error: {why}")
+            progress(f"{p.tags[cell.key]}: {why}")
+            continue
         kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
         if kept:
             p.resumed[cell.key] = kept

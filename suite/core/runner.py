@@ -52,6 +52,8 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     for cell in [c for c in cells if c.key in p.twins]:
         twin = p.twins[cell.key]
         records[cell.key] = recorder.save(cell, twin, final=not twin["status"].startswith("pending"))
+    for cell in [c for c in cells if c.key in p.untouched]:  # said, not saved: the newer record stays as it is
+        records[cell.key] = recorder.label(cell, p.untouched[cell.key])
     for cell in [c for c in cells if c.key in p.not_run]:
         records[cell.key] = recorder.save(cell, failed("not_implemented", p.not_run[cell.key]))
     if p.todo or p.complete:

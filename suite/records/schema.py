@@ -9,6 +9,12 @@ from typing import Any, NotRequired, TypedDict
 # The schema's version, saved with every record as `schema`; a record without one predates the field (version 1).
 SCHEMA_VERSION = 1
 
+# Metrics that are numbers wherever a record has them (None where a cell has none): a string there would read as a
+# blank in its table.
+NUMERIC_METRICS = (
+    "throughput", "memory_gb", "memory_reserved_gb", "host_peak_gb", "step_time_median", "step_time_min",
+    "step_time_max", "final_loss", "mfu", "hfu", "score", "device_busy", "model_tflops", "hardware_tflops",
+)  # fmt: skip
 STATUSES = ("ok", "oom", "timeout", "not_implemented")  # or "error: <message>", "partial: k/n rounds", "pending: ..."
 
 
@@ -79,9 +85,25 @@ def problems(record: Any, shape: type = Record) -> list[str]:
         for k, hint in hints.items()
         if k in record and not _matches(record[k], hint)
     ]
-    if isinstance(record.get("schema"), int) and record["schema"] > SCHEMA_VERSION:
+    metrics = record.get("metrics")
+    if isinstance(metrics, dict):
+        out += [
+            f"metric {k!r} is a {type(metrics[k]).__name__}"
+            for k in NUMERIC_METRICS
+            if k in metrics and metrics[k] is not None and not _matches(metrics[k], float)
+        ]
+    version = record.get("schema", 1)
+    if isinstance(version, int) and not isinstance(version, bool) and version < 1:
+        out.append(f"schema {version} is not one this suite reads (1 to {SCHEMA_VERSION})")
+    if newer(record):
         out.append(f"schema {record['schema']} is newer than this suite's {SCHEMA_VERSION}")
     return out
+
+
+def newer(record: Any) -> bool:
+    """Whether `record` was written by a newer suite (a schema past this one's): never read, never written over."""
+    version = record.get("schema") if isinstance(record, dict) else None
+    return isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
 
 
 def metrics_of(record: Record | None) -> dict[str, Any]:

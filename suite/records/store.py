@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from suite.config.files import write_atomic
-from suite.records.schema import SCHEMA_VERSION, Record, problems
+from suite.records.schema import SCHEMA_VERSION, Record, newer, problems
 
 FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout, partial and not_implemented are tried again
 
@@ -19,19 +19,44 @@ def run_path(results_dir: Path, key: str, machine: str) -> Path:
     return results_dir / "runs" / machine / f"{key}.json"
 
 
+_warned: set[tuple[str, str]] = set()  # (file, warning) said in this process: each once per command
+
+
+def _once(warn: Callable[[str], None], path: Path, line: str) -> None:
+    if (str(path), line) not in _warned:
+        _warned.add((str(path), line))
+        warn(line)
+
+
 def read(path: Path, warn: Callable[[str], None] = print) -> Record | None:
-    """The record at `path`, or None with one warning line naming the file when it is not a readable record or
-    does not match the record schema (suite/records/schema.py)."""
+    """The record at `path`, or None with one warning line naming the file (once per file in a command) when it is
+    not a readable record or does not match the record schema (suite/records/schema.py). A record a newer suite
+    wrote is said to be left untouched: the runner never writes over it (suite.core.plan)."""
     try:
         with open(path) as f:
             rec = json.load(f)
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        warn(f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); ignored")
+        _once(warn, path, f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); measured again")
+        return None
+    if newer(rec):
+        _once(warn, path, f"warning: {path} was written by a newer suite (schema {rec['schema']}, this one reads up "
+              f"to {SCHEMA_VERSION}): left untouched, not read")  # fmt: skip
         return None
     if wrong := problems(rec):
-        warn(f"warning: {path} does not match the record schema (suite/records/schema.py: {', '.join(wrong)}); ignored")
+        said = ", ".join(wrong)
+        _once(warn, path, f"warning: {path} does not match the record schema (suite/records/schema.py: {said}); "
+              "measured again")  # fmt: skip
         return None
     return rec
+
+
+def newer_here(results_dir: Path, key: str, machine: str) -> int | None:
+    """The schema of this machine's record of `key` where a newer suite wrote it (left untouched), else None."""
+    try:
+        rec = json.loads(run_path(results_dir, key, machine).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec["schema"] if newer(rec) else None
 
 
 def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] = print) -> Record | None:
