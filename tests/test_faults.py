@@ -1,6 +1,7 @@
 """Faults an adversarial user finds (issue 43): kills, interrupts, concurrent saves, bad values and bad records.
 Each test is the exact trigger; nothing measured is lost and every status says what happened."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -266,3 +267,18 @@ def test_one_bad_file_is_named_once_by_a_command_that_reads_it_many_times(tmp_pa
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert (done.stdout + done.stderr).count(str(bad)) == 1, done.stdout[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (.[peers])")
+def test_a_stale_lock_in_a_peers_op_build_folder_does_not_hold_its_cells(tmp_path):
+    """DeepSpeed builds its CPU ops on first use under torch's lock file; a build killed half-way left the lock, and
+    every later DeepSpeed cell waited on it until its timeout (`peer-zero-offload-u1 ... timeout in 600.1s`)."""
+    from torch.utils import cpp_extension
+
+    folder = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", False))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lock").write_text("")  # what a killed build leaves behind
+    rows = [Row("zero", "deepspeed-offload", {"recompute": "on"})]
+    (rec,) = _sweep(tmp_path, rows, rounds=1, timeout=240)
+    assert rec["status"] == "ok", (rec["status"], (rec.get("error") or "")[-1500:])
+    assert not (folder / "lock").exists()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from suite.harness import fused_lamb
+from suite.harness import builds, fused_lamb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -21,7 +21,7 @@ import signal, sys
 def stop(*_):
     raise KeyboardInterrupt
 signal.signal(signal.SIGTERM, stop)
-from suite.harness import fused_lamb
+from suite.harness import builds, fused_lamb
 print("loaded" if fused_lamb.kernel() is not None else "fallback", flush=True)
 """
 
@@ -82,7 +82,7 @@ def test_a_sigterm_during_the_build_leaves_no_compiler_running(tmp_path):
     time.sleep(1.0)
     assert _processes_naming(str(tmp_path)) == []  # ninja and the compilers went with it
     build = _build_dir(str(tmp_path))
-    with fused_lamb._build_lock(__import__("pathlib").Path(build)):  # the next build: any lock left is gone
+    with builds.build_lock(__import__("pathlib").Path(build)):  # the next build: any lock left is gone
         assert not os.path.exists(os.path.join(build, "lock"))
 
 

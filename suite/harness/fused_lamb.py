@@ -3,7 +3,6 @@ every checkout that uses that installation, or None with a warning."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
@@ -14,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from suite.harness.builds import build_lock
 from suite.harness.processes import session_ticks
 
 SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
@@ -75,23 +75,6 @@ def extension_name(digest: str) -> str:
 
 _why: list[str] = []  # why the build failed in this process, if it did
 _APART = "SUITE_FUSED_LAMB_BUILDING"  # set in the process that builds apart: it builds in place
-
-
-@contextlib.contextmanager
-def _build_lock(build_dir: Path):
-    """Hold the build folder under a lock the kernel keeps for this process (it ends with the process, however it
-    ends). Under it no other build can be running, so a lock file torch left behind (a build killed half-way, whose
-    next load would wait on it for ever) is stale and removed."""
-    build_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: torch's own lock alone
-        yield
-        return
-    with open(build_dir / "memtrain.flock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        (build_dir / "lock").unlink(missing_ok=True)
-        yield
 
 
 def _build_apart() -> None:
@@ -159,7 +142,7 @@ def kernel():
         build_dir = Path(cpp_extension._get_build_directory(name, False))
         if not (build_dir / f"{name}.so").exists() and not os.environ.get(_APART):
             _build_apart()  # what it could not build, the load below tries again and says why
-        with _build_lock(build_dir):  # built: ninja finds it up to date
+        with build_lock(build_dir):  # built: ninja finds it up to date
             return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=FLAGS + native, verbose=False)
     except Exception as exc:  # noqa: BLE001 — no compiler, no ninja, a failed build: all mean the fallback
         if mode == "require":
