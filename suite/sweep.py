@@ -51,7 +51,10 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
         "contended": [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})],
     }
     try:
-        tracking.log_table(experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode, config=config)
+        tracking.log_table(
+            experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode, config=config,
+            dir=tracking.folder(req.results_dir),
+        )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records

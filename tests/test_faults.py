@@ -282,3 +282,76 @@ def test_a_stale_lock_in_a_peers_op_build_folder_does_not_hold_its_cells(tmp_pat
     (rec,) = _sweep(tmp_path, rows, rounds=1, timeout=240)
     assert rec["status"] == "ok", (rec["status"], (rec.get("error") or "")[-1500:])
     assert not (folder / "lock").exists()
+
+
+def test_wandb_writes_under_the_results_folder_and_nowhere_else(tmp_path, monkeypatch):
+    """W&B's folders followed the caller's working folder and each table log left a staging file under
+    ~/.local/share/wandb."""
+    pytest.importorskip("wandb")
+    for var in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "elsewhere" / var))
+    home, cwd, results = tmp_path / "home", tmp_path / "cwd", tmp_path / "results"
+    for d in (home, cwd):
+        d.mkdir()
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", cpp_extension.get_default_build_root())  # (the home below is empty)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.chdir(cwd)
+    req = SweepRequest(make_experiment([Row("a", "grad_accum")]), "tiny", results_dir=results, wandb_mode="offline",
+                       rounds=1)  # fmt: skip
+    (rec,) = sweep(req, progress=lambda m: None)
+    assert rec["status"] == "ok" and rec["wandb_dir"].startswith(str(results / "wandb"))
+    assert list((results / "wandb").glob("wandb/offline-run-*")), "no offline runs in the results folder"
+    assert not list(cwd.iterdir()) and not list(home.rglob("*wandb*")), (list(cwd.iterdir()), list(home.rglob("*")))
+
+
+def test_an_unreachable_wandb_is_waited_for_once_for_a_bounded_time_then_runs_go_offline(tmp_path, monkeypatch):
+    """With an API key and no network every record waited about 90 s (a 10 s cell took 198 s)."""
+    import socket
+    import time
+
+    pytest.importorskip("wandb")
+    from suite.records import tracking
+
+    silent = socket.socket()  # accepts connections, never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    monkeypatch.setattr(tracking, "INIT_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(tracking, "_unreachable", [])
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    took = []
+    try:
+        for row in ("a", "b"):
+            started = time.time()
+            run_dir = tracking.log_cell(experiment="x", row=row, method="m", config={}, provenance={}, summary={},
+                                        status="ok", mode="online")  # fmt: skip
+            took.append(time.time() - started)
+            assert "offline-run" in run_dir
+    finally:
+        silent.close()
+    assert took[0] < 30 and took[1] < 10, took  # the first waits its bound; the second does not wait at all
+    assert len(tracking._unreachable) == 1
+
+
+def test_a_killed_runners_scratch_folders_are_removed_at_the_next_start(tmp_path):
+    """A runner killed with SIGKILL left its /tmp/suite-* folders for good."""
+    import tempfile
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    left = Path(tempfile.mkdtemp(prefix=f"suite-cell-{dead}-"))
+    (left / "cell.json").write_text("{}")
+    alive = Path(tempfile.mkdtemp(prefix=f"suite-worker-{os.getppid()}-"))  # a runner still running keeps its own
+    try:
+        _sweep(tmp_path, [Row("a", "grad_accum")], rounds=1)
+        assert not left.exists() and alive.exists()
+    finally:
+        for d in (left, alive):
+            __import__("shutil").rmtree(d, ignore_errors=True)

@@ -75,7 +75,7 @@ def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows,
     (cell,) = expand(SweepRequest(req.experiment, "tiny", only=["done"], results_dir=tmp_path))
     seen = []
 
-    def broken(record, mode):
+    def broken(record, mode, dir=None):
         assert store.load(tmp_path, cell.key, "m")["status"] == "ok"  # saved before W&B is asked
         raise RuntimeError("no W&B here")
 

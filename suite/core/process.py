@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,35 @@ def cell_env(ranks_here: int) -> dict:
     return env
 
 
+def scratch_prefix(kind: str) -> str:
+    """A runner's scratch folders (a cell's files, the worker's) carry its pid: remove_orphaned_scratch finds those
+    of a runner that is gone."""
+    return f"suite-{kind}-{os.getpid()}-"
+
+
+def remove_orphaned_scratch() -> list[Path]:
+    """Remove the scratch folders of runners that are gone: one killed with SIGKILL cleans up nothing, so each
+    runner's start removes what dead ones left (a pid still running, or another user's, keeps its folders)."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob("suite-*-*-*"):
+        found = re.fullmatch(r"suite-(?:cell|worker)-(\d+)-.+", folder.name)
+        if found is None or not folder.is_dir() or _alive(int(found.group(1))):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 _running: set[subprocess.Popen] = set()  # cell processes of this runner now running (counts run several at once)
 
 
@@ -51,7 +82,7 @@ def launch(
     """Run the cell `payload` (Cell.resolved()) on `world` ranks, this node's share of them when `nodes` spans
     several. Returns (rank 0's record if it was written on this node, else None; the record the cell gets
     without it: `timeout`, `oom` when the kernel's OOM killer killed it, or an error with the log's tail)."""
-    with tempfile.TemporaryDirectory(prefix="suite-cell-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("cell")) as tmp:
         cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
         with open(cfg_path, "w") as f:
             json.dump(payload, f, default=str)

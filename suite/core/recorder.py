@@ -46,7 +46,9 @@ class Recorder:
             return record
         if final:
             try:
-                record["wandb_dir"] = tracking.log_record(record, self.req.wandb_mode)
+                record["wandb_dir"] = tracking.log_record(
+                    record, self.req.wandb_mode, tracking.folder(self.req.results_dir)
+                )
             except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
                 self.progress(f"{tag or record['row']}: W&B logging failed: {exc}")
                 return record

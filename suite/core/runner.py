@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from suite.core import launcher, precount
+from suite.core import launcher, precount, process
 from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
 from suite.core.launcher import Fresh, choose
@@ -42,6 +42,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
 
     The tables are the face's to render (suite.sweep): the engine stands below the reports."""
     cells = expand(req)
+    process.remove_orphaned_scratch()  # what runners killed with SIGKILL left behind
     if req.follower:
         follow(req.nodes, progress)
         return []

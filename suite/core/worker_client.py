@@ -12,7 +12,7 @@ import tempfile
 import time
 
 from suite.config import paths
-from suite.core.process import cell_env, exit_status, oom_kills, read_outcome
+from suite.core.process import cell_env, exit_status, oom_kills, read_outcome, scratch_prefix
 from suite.records.schema import Outcome, failed
 
 
@@ -23,7 +23,7 @@ class Worker:
     next job starts a new one."""
 
     def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="suite-worker-")
+        self.tmp = tempfile.TemporaryDirectory(prefix=scratch_prefix("worker"))
         self.proc: subprocess.Popen | None = None
         self.jobs = self.started = 0
         self.log_path = os.path.join(self.tmp.name, "log.txt")

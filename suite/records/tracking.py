@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from suite.config import paths
 from suite.records.schema import Record
 
 MODES = ("off", "offline", "online")
@@ -19,6 +20,8 @@ PROJECT = "memtrain-suite"
 # WANDB_MODE values we honour; "disabled" is W&B's spelling of our "off".
 _ENV_MODES = {"disabled": "off", "offline": "offline", "online": "online"}
 _warned_missing = False
+INIT_TIMEOUT_S = 15.0  # an online run's start waits at most this long for W&B (its own default: 90 s)
+_unreachable: list[str] = []  # why W&B could not be reached: this process logs offline from then on, said once
 
 
 def _has_api_key() -> bool:
@@ -71,6 +74,15 @@ def installed() -> bool:
     return _wandb() is not None
 
 
+def folder(results_dir: Path | str) -> str:
+    """Where W&B keeps its runs: the user's WANDB_DIR, else `wandb/` in the results folder, never the caller's
+    working folder; W&B's data (a table's staging copy, which an offline run's later sync reads) beside them unless
+    WANDB_DATA_DIR says otherwise, not under ~/.local/share."""
+    where = os.environ.get("WANDB_DIR") or str(Path(results_dir) / "wandb")
+    os.environ.setdefault("WANDB_DATA_DIR", str(Path(where) / "data"))
+    return where
+
+
 def _run(
     wandb,
     *,
@@ -82,8 +94,10 @@ def _run(
     config: dict | None = None,
     run_id: str | None = None,
 ):
-    if dir is not None:
-        os.makedirs(dir, exist_ok=True)
+    dir = dir or folder(paths.RESULTS_DIR)
+    os.makedirs(dir, exist_ok=True)
+    if mode == "online" and _unreachable:
+        mode = "offline"
     # Everything optional is off: each cell run should cost well under a second, and the
     # system monitor / git / code capture say nothing about a cell that already finished.
     settings = wandb.Settings(
@@ -95,20 +109,22 @@ def _run(
         save_code=False,
         x_save_requirements=False,
         disable_job_creation=True,
+        init_timeout=INIT_TIMEOUT_S,
     )
-    return wandb.init(
-        project=PROJECT,
-        group=experiment,
-        job_type=job_type,
-        name=name,
-        config=config,
-        mode=mode,
-        dir=dir,
-        id=run_id,
-        resume="allow" if run_id else None,
-        reinit="finish_previous",
-        settings=settings,
-    )
+    args = dict(project=PROJECT, group=experiment, job_type=job_type, name=name, config=config, dir=dir, id=run_id)
+    args.update(resume="allow" if run_id else None, reinit="finish_previous", settings=settings)
+    try:
+        return wandb.init(mode=mode, **args)
+    except Exception as exc:  # noqa: BLE001 — W&B's errors for an unreachable server vary by version
+        if mode != "online":
+            raise
+        _unreachable.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])
+        print(
+            f"warning: W&B could not be reached within {INIT_TIMEOUT_S:g} s ({_unreachable[0]}); this run and "
+            "every later one of this command are logged offline (`wandb sync` uploads them)",
+            file=sys.stderr,
+        )
+        return wandb.init(mode="offline", **args)
 
 
 def log_cell(
@@ -149,7 +165,7 @@ def log_cell(
         run.finish()
 
 
-def log_record(record: Record, mode: str) -> str | None:
+def log_record(record: Record, mode: str, dir: str | None = None) -> str | None:
     """Record a cell's finished record as a W&B run (its metrics the summary, a fine-tuning history the run's
     history); return its run directory, or None when not tracked."""
     metrics = record["metrics"]
@@ -171,6 +187,7 @@ def log_record(record: Record, mode: str) -> str | None:
         summary={k: v for k, v in metrics.items() if k != "history"},
         status=record["status"],
         mode=mode,
+        dir=dir,
         history=metrics.get("history"),
     )
 
