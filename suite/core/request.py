@@ -21,10 +21,11 @@ MEASURES = ("time", "count")
 def writable(results_dir: Path) -> None:
     """Refuse, before anything runs, a results folder this process cannot write a record into (a measured round
     was lost to a PermissionError at its save)."""
-    runs = results_dir / "runs"
+    here = results_dir / "runs"
+    while not here.exists() and here != here.parent:  # the folder that saving would write or make folders in
+        here = here.parent
     try:
-        runs.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=runs, prefix=".writable-", suffix=".tmp")
+        fd, probe = tempfile.mkstemp(dir=here, prefix=".writable-", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:

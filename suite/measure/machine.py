@@ -131,12 +131,13 @@ def slug(cpu: dict, gpu: dict | None) -> str:
     """A short stable name for tables: the GPU's when there is one, else the CPU's; SUITE_MACHINE overrides it."""
     override = os.environ.get("SUITE_MACHINE", "").strip()
     if override:
-        if not PLAIN_NAME.fullmatch(override):
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", override)  # `my lab box`: my-lab-box
+        if not PLAIN_NAME.fullmatch(name):
             raise ConfigError(
                 f"SUITE_MACHINE={override!r}: give a plain name (letters, digits, '.', '_', '-', not starting with "
                 "'.' or '-'): it names the machine's folder under results/runs/"
             )
-        return override
+        return name
     return _gpu_slug(gpu) if gpu else _cpu_slug(cpu)
 
 
