@@ -87,7 +87,7 @@ def test_exit_statuses_say_what_ended_the_process(monkeypatch, tmp_path):
 
 
 def test_an_interrupted_force_sweep_keeps_every_earlier_record_and_names_the_command_that_goes_on(tmp_path):
-    """SIGTERM 6 s into a --force run wrote `pending` over two `ok` records and erased an earlier sweep's rounds.
+    """Ctrl-C 6 s into a --force run wrote `pending` over two `ok` records and erased an earlier sweep's rounds.
     Now a cell's earlier record stands until its replacement is complete, and the hint re-measures the rest."""
     from test_interrupts import _records, _run
 
@@ -96,7 +96,7 @@ def test_an_interrupted_force_sweep_keeps_every_earlier_record_and_names_the_com
     first = _records(tmp_path)
     assert {r["status"] for r in first.values()} == {"ok"}
     code, out, err = _run(
-        tmp_path, ["--worker", "--force"], stop_at="l2l-fp32 (l2l, tiny) round 2/2: running", sig=signal.SIGTERM
+        tmp_path, ["--worker", "--force"], stop_at="l2l-fp32 (l2l, tiny) round 2/2: running", sig=signal.SIGINT
     )
     assert code == 130, (out, err)
     cut = _records(tmp_path)
