@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_runner import make_experiment
 
 from suite.core import process, registry
@@ -50,10 +51,15 @@ def _sweep(tmp_path, rows, worker=False, **kw):
 
 
 @pytest.mark.parametrize("worker", [False, True], ids=["fresh", "worker"])
-def test_a_kill_9_is_an_error_naming_the_signal_and_the_same_command_measures_it_again(tmp_path, plugins, worker):
+def test_a_kill_9_is_an_error_naming_the_signal_and_the_same_command_measures_it_again(
+    tmp_path, plugins, worker, monkeypatch
+):
     """kill -9 of a cell process or of the worker (a user, a scheduler, a wrapper's timeout) was recorded `oom` for
     good: finished, never measured again, passed by --strict. Without an OOM kill counted by the kernel it is an
     error naming SIGKILL, which a rerun of the same command measures again."""
+    vmstat = tmp_path / "vmstat"  # (the host's own count could move meanwhile)
+    vmstat.write_text("oom_kill 5\n")
+    monkeypatch.setattr(process, "VMSTAT", str(vmstat))
     rows = [Row("dies", "dies")]
     (first,) = _sweep(tmp_path, rows, worker=worker, rounds=1)
     assert first["status"].startswith(f"error: {'worker' if worker else 'cell process'} killed by SIGKILL")
@@ -270,18 +276,24 @@ def test_one_bad_file_is_named_once_by_a_command_that_reads_it_many_times(tmp_pa
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (.[peers])")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the shared-memory collectives are DeepSpeed's CPU op")
 def test_a_stale_lock_in_a_peers_op_build_folder_does_not_hold_its_cells(tmp_path):
     """DeepSpeed builds its CPU ops on first use under torch's lock file; a build killed half-way left the lock, and
     every later DeepSpeed cell waited on it until its timeout (`peer-zero-offload-u1 ... timeout in 600.1s`)."""
     from torch.utils import cpp_extension
 
+    from suite.harness.builds import build_lock
+
     folder = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", False))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "lock").write_text("")  # what a killed build leaves behind
-    rows = [Row("zero", "deepspeed-offload", {"recompute": "on"})]
-    (rec,) = _sweep(tmp_path, rows, rounds=1, timeout=240)
-    assert rec["status"] == "ok", (rec["status"], (rec.get("error") or "")[-1500:])
-    assert not (folder / "lock").exists()
+    with build_lock(folder):  # as a build would, held until it is killed: no other build is running meanwhile
+        (folder / "lock").write_text("")  # what a killed build leaves behind
+    try:
+        rows = [Row("zero", "deepspeed-offload", {"recompute": "on"})]
+        (rec,) = _sweep(tmp_path, rows, rounds=1, timeout=600)  # (a first build of the op included)
+        assert rec["status"] == "ok", (rec["status"], (rec.get("error") or "")[-1500:])
+        assert not (folder / "lock").exists()
+    finally:
+        (folder / "lock").unlink(missing_ok=True)
 
 
 def test_wandb_writes_under_the_results_folder_and_nowhere_else(tmp_path, monkeypatch):
@@ -336,22 +348,27 @@ def test_an_unreachable_wandb_is_waited_for_once_for_a_bounded_time_then_runs_go
             assert "offline-run" in run_dir
     finally:
         silent.close()
-    assert took[0] < 30 and took[1] < 10, took  # the first waits its bound; the second does not wait at all
+    assert took[0] < 40 and took[1] < took[0], took  # the first waits its bound; the second does not wait for it
     assert len(tracking._unreachable) == 1
 
 
 def test_a_killed_runners_scratch_folders_are_removed_at_the_next_start(tmp_path):
-    """A runner killed with SIGKILL left its /tmp/suite-* folders for good."""
-    import tempfile
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = int(gone.stdout)
-    left = Path(tempfile.mkdtemp(prefix=f"suite-cell-{dead}-"))
-    (left / "cell.json").write_text("{}")
-    alive = Path(tempfile.mkdtemp(prefix=f"suite-worker-{os.getppid()}-"))  # a runner still running keeps its own
+    """A runner killed with SIGKILL left its /tmp/suite-* folders for good. Each is held under a lock its runner's
+    process keeps; a folder whose lock is free is an orphan, whatever its runner's pid or namespace."""
+    code = "from suite.core.process import Scratch; import os, signal; s = Scratch('cell'); print(s.name, flush=True); "
+    code += "os.kill(os.getpid(), signal.SIGKILL)"
+    killed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}
+    )
+    left = Path(killed.stdout.strip())
+    alive = process.Scratch("worker")  # this process's own: held
     try:
+        old = __import__("time").time() - 2 * process.ORPHAN_AGE_S
+        for folder in (left, Path(alive.name)):
+            os.utime(folder, (old, old))
+        assert left.exists()
         _sweep(tmp_path, [Row("a", "grad_accum")], rounds=1)
-        assert not left.exists() and alive.exists()
+        assert not left.exists() and Path(alive.name).exists()
     finally:
-        for d in (left, alive):
-            __import__("shutil").rmtree(d, ignore_errors=True)
+        alive.cleanup()
+        __import__("shutil").rmtree(left, ignore_errors=True)

@@ -47,9 +47,14 @@ def run_pytest(
     report.unlink(missing_ok=True)
     started = time.time()
     proc = subprocess.Popen(
-        cmd, cwd=paths.ROOT, env={**os.environ, **(env or {}), "PYTHONPATH": path},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cmd,
+        cwd=paths.ROOT,
+        env={**os.environ, **(env or {}), "PYTHONPATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip (a session of its own: the processes its tests start end with it)
     try:
         out, code = proc.communicate(timeout=max(budget - INTERRUPT_GRACE_S, MIN_S))[0], proc.returncode
     except subprocess.TimeoutExpired:
@@ -57,7 +62,7 @@ def run_pytest(
         try:
             out = proc.communicate(timeout=INTERRUPT_GRACE_S)[0]
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             out = proc.communicate()[0]
         out, code = f"timeout after {budget:.0f}s:\n{out}", "timeout"
     counts: dict = {"passed": None, "failed": None, "skipped": None, "errors": None}
@@ -86,6 +91,8 @@ def run_cuda_tests(here: Path, extra: list[str], deadline: float) -> dict:
     )  # fmt: skip
     if fixed["exit"] == "timeout":
         return fixed
+    if deadline - time.time() < MIN_S + INTERRUPT_GRACE_S:  # not started to be cut: left for the next call
+        return merged(fixed, {"command": "(tuned: not started)", "exit": "timeout", "seconds": 0.0, "tail": ""})
     tuned_report = here / "cuda-tests-tuned.xml"
     tuned = run_pytest(TUNED_TESTS, "cuda", tuned_report, [*extra, "-k", TUNED_K], deadline - time.time())
     return merged(fixed, tuned)
@@ -95,13 +102,16 @@ def merged(*runs: dict) -> dict:
     """Several pytest runs as one part of a stage report."""
     out = {
         "command": " ; ".join(r["command"] for r in runs),
-        "exit": next((r["exit"] for r in runs if r["exit"] != 0), 0),
+        # a cut run first (what it did not reach is left for the next call), else the first that failed
+        "exit": "timeout"
+        if any(r["exit"] == "timeout" for r in runs)
+        else next((r["exit"] for r in runs if r["exit"]), 0),
         "seconds": round(sum(r["seconds"] for r in runs), 1),
         "tail": "\n".join(r["tail"] for r in runs)[-6000:],
     }
     for key in ("passed", "failed", "skipped", "errors", "collected"):
-        got = [r.get(key) for r in runs]
-        out[key] = None if None in got else sum(got)
+        got = [r[key] for r in runs if r.get(key) is not None]  # a run without a report counts nothing
+        out[key] = sum(got) if got else None
     return out
 
 

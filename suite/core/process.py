@@ -3,14 +3,15 @@ a session of its own that dies with the runner; returns the record the cell wrot
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from suite.config import paths
@@ -34,33 +35,48 @@ def cell_env(ranks_here: int) -> dict:
     return env
 
 
-def scratch_prefix(kind: str) -> str:
-    """A runner's scratch folders (a cell's files, the worker's) carry its pid: remove_orphaned_scratch finds those
-    of a runner that is gone."""
-    return f"suite-{kind}-{os.getpid()}-"
+HELD = "held.lock"  # in each scratch folder, locked (flock) by the runner using it for as long as it does
+ORPHAN_AGE_S = 60.0  # a folder younger than this is never taken for an orphan (its lock may not be taken yet)
+
+
+class Scratch:
+    """A runner's scratch folder (a cell's files, the worker's), held under a lock the kernel keeps for the runner's
+    process: when the runner dies, however (SIGKILL cleans up nothing), the lock is free and the next runner's
+    remove_orphaned_scratch removes the folder, in any process namespace and whatever became of its pid."""
+
+    def __init__(self, kind: str):
+        self.name = tempfile.mkdtemp(prefix=f"suite-{kind}-")
+        self._held = open(os.path.join(self.name, HELD), "w")
+        fcntl.flock(self._held, fcntl.LOCK_EX)
+
+    def cleanup(self) -> None:
+        self._held.close()
+        shutil.rmtree(self.name, ignore_errors=True)
+
+    def __enter__(self) -> str:
+        return self.name
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
 
 
 def remove_orphaned_scratch() -> list[Path]:
-    """Remove the scratch folders of runners that are gone: one killed with SIGKILL cleans up nothing, so each
-    runner's start removes what dead ones left (a pid still running, or another user's, keeps its folders)."""
+    """Remove the scratch folders of runners that are gone (their lock free), each at least ORPHAN_AGE_S old."""
     removed = []
-    for folder in Path(tempfile.gettempdir()).glob("suite-*-*-*"):
-        found = re.fullmatch(r"suite-(?:cell|worker)-(\d+)-.+", folder.name)
-        if found is None or not folder.is_dir() or _alive(int(found.group(1))):
+    for folder in [
+        *Path(tempfile.gettempdir()).glob("suite-cell-*"),
+        *Path(tempfile.gettempdir()).glob("suite-worker-*"),
+    ]:
+        try:
+            if time.time() - folder.stat().st_mtime < ORPHAN_AGE_S or not (folder / HELD).exists():
+                continue
+            with open(folder / HELD) as held:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: no runner holds it
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # held (BlockingIOError), another user's, or gone meanwhile
             continue
-        shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 _running: set[subprocess.Popen] = set()  # cell processes of this runner now running (counts run several at once)
@@ -82,7 +98,7 @@ def launch(
     """Run the cell `payload` (Cell.resolved()) on `world` ranks, this node's share of them when `nodes` spans
     several. Returns (rank 0's record if it was written on this node, else None; the record the cell gets
     without it: `timeout`, `oom` when the kernel's OOM killer killed it, or an error with the log's tail)."""
-    with tempfile.TemporaryDirectory(prefix=scratch_prefix("cell")) as tmp:
+    with Scratch("cell") as tmp:
         cfg_path, out_path, log_path = (os.path.join(tmp, n) for n in ("cell.json", "out.json", "log.txt"))
         with open(cfg_path, "w") as f:
             json.dump(payload, f, default=str)

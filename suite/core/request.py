@@ -18,10 +18,10 @@ from suite.records import tracking
 MEASURES = ("time", "count")
 
 
-def writable(results_dir: Path) -> None:
-    """Refuse, before anything runs, a results folder this process cannot write a record into (a measured round
-    was lost to a PermissionError at its save)."""
-    here = results_dir / "runs"
+def writable(results_dir: Path, machine: str | None = None) -> None:
+    """Refuse, before anything runs, a results folder (`machine`'s own folder in it, once known) this process cannot
+    write a record into (a measured round was lost to a PermissionError at its save)."""
+    here = results_dir / "runs" / (machine or "")
     while not here.exists() and here != here.parent:  # the folder that saving would write or make folders in
         here = here.parent
     try:

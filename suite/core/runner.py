@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from suite.core.launcher import Fresh, choose
 from suite.core.nodes import follow
 from suite.core.plan import Plan, expand, plan
 from suite.core.recorder import Recorder
-from suite.core.request import SweepRequest
+from suite.core.request import SweepRequest, writable
 from suite.core.rounds import comparable, merge
 from suite.measure.machine import fingerprint
 from suite.records import store
@@ -47,6 +48,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
         follow(req.nodes, progress)
         return []
     fp = fingerprint()
+    writable(req.results_dir, fp["slug"])  # this machine's own folder too (a read-only one, left by another user)
     p = plan(req, cells, fp["slug"], progress)
     recorder = Recorder(req, fp, p.sweep, progress)
     records = dict(p.reused)
@@ -177,20 +179,34 @@ class Rounds:
         if self.left:
             n = len(self.left)
             self.hold("left at the deadline; the same command runs it in this sweep")
-            self.progress(f"deadline reached: {n} cell-round(s) left for the next call (the same command resumes them)")
+            if req.force and (rest := self.not_in_full()):
+                self.progress(
+                    f"deadline reached: {n} cell-round(s) left; {len(rest)} cell(s) not measured again in full keep "
+                    f"their earlier records (--force replaces one only with a complete one): {self.command(rest)}"
+                )
+            else:
+                self.progress(
+                    f"deadline reached: {n} cell-round(s) left for the next call (the same command resumes them)"
+                )
         return records
+
+    def not_in_full(self) -> list[Cell]:
+        """Under --force, the cells this call did not measure again in full (an earlier record kept, or none made)."""
+        return [c for c in self.todo if self.keeps_earlier(c) or (c.key not in self.own and not self.final(c))]
 
     def hold(self, why: str) -> None:
         """Save each cell that has not measured a round yet and has no record of its own as `pending: <why>` in this
         sweep, so that the call which runs it joins the sweep (suite.core.plan) and its ratios hold. A record there
-        before (finished, partial, an error) is never written over."""
+        before (finished, partial, an error) is never written over: such a cell joins the sweep through the cells
+        this call did record (their partial records), or, where there are none, is measured in a new sweep."""
         for cell in self.todo:
             if not self.done[cell.key] and cell.key not in self.own:
                 self.recorder.save(cell, failed(f"pending: {why}"))
 
     def interrupted(self, cell: Cell, tag: str) -> Interrupted:
         """The running round is discarded; the cell's finished rounds are saved as a partial record (in this sweep,
-        which the same command resumes); a cell with none keeps whatever record it had."""
+        which the same command resumes), but under --force over no earlier record of its own (that stands until
+        its replacement is complete); a cell with none keeps whatever record it had."""
         kept = [r for r in self.done[cell.key] if r["status"] == "ok"]
         if kept and len(kept) < self.planned(cell) and not self.keeps_earlier(cell):  # (all done: saved final)
             self.recorder.save(cell, self.with_aside(cell, merge(kept, self.planned(cell))), final=False, tag=tag)
@@ -202,7 +218,7 @@ class Rounds:
                 f"{what}; {rounds} finished cell-round(s) of sweep {self.sweep} are kept, and the same command "
                 "resumes it"
             )
-        left = [c for c in self.todo if self.keeps_earlier(c) or (c.key not in self.own and not self.final(c))]
+        left = self.not_in_full()
         if not left:
             return Interrupted(f"{what}; every cell of sweep {self.sweep} was measured again in full")
         return Interrupted(
@@ -218,14 +234,17 @@ class Rounds:
     def command(self, cells: list[Cell]) -> str:
         """The command that measures `cells` again as this sweep asked (--force, its profile, settings, rounds)."""
         req = self.req
-        parts = ["python -m suite run", req.experiment.name, "--profile", req.profile, "--force"]
-        parts += [f"--rounds {req.rounds}"] if req.rounds != req.experiment.rounds else []
-        parts += [f"--device-memory {req.device_memory}"] if req.device_memory else []
-        parts += [f"--set {o}" for o in req.overrides or ()]
+        parts = ["python", "-m", "suite", "run", req.experiment.name, "--profile", req.profile, "--force"]
+        parts += ["--rounds", str(req.rounds)] if req.rounds != req.experiment.rounds else []
+        parts += ["--timeout", f"{req.timeout:g}"] if req.timeout is not None else []
+        parts += ["--device-memory", req.device_memory] if req.device_memory else []
+        for o in req.overrides or ():
+            parts += ["--set", o]
         parts += ["--worker"] if req.worker else []
-        parts += ["--measure count"] if req.measure == "count" else []
-        parts += [f"--only {c.row.name}" for c in cells]
-        return " ".join(parts)
+        parts += ["--measure", "count"] if req.measure == "count" else []
+        for c in cells:
+            parts += ["--only", c.row.name]
+        return shlex.join(parts)  # (a sweep across nodes: each node runs it with its --nnodes and --node-rank)
 
     def one(self, cell: Cell, tag: str) -> Record:
         """One round of `cell`: run it, merge it with the rounds before, save the record, report it."""

@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from suite.config import paths
-from suite.core.process import cell_env, exit_status, oom_kills, read_outcome, scratch_prefix
+from suite.core.process import Scratch, cell_env, exit_status, oom_kills, read_outcome
 from suite.records.schema import Outcome, failed
 
 
@@ -23,7 +22,7 @@ class Worker:
     next job starts a new one."""
 
     def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix=scratch_prefix("worker"))
+        self.tmp = Scratch("worker")
         self.proc: subprocess.Popen | None = None
         self.jobs = self.started = 0
         self.log_path = os.path.join(self.tmp.name, "log.txt")

@@ -134,8 +134,8 @@ def slug(cpu: dict, gpu: dict | None) -> str:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", override)  # `my lab box`: my-lab-box
         if not PLAIN_NAME.fullmatch(name):
             raise ConfigError(
-                f"SUITE_MACHINE={override!r}: give a plain name (letters, digits, '.', '_', '-', not starting with "
-                "'.' or '-'): it names the machine's folder under results/runs/"
+                f"SUITE_MACHINE={override!r}: give a plain name (up to 100 letters, digits, '.', '_', '-', not "
+                "starting with '.' or '-'): it names the machine's folder under results/runs/"
             )
         return name
     return _gpu_slug(gpu) if gpu else _cpu_slug(cpu)

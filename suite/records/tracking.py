@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import netrc
 import os
@@ -76,11 +77,22 @@ def installed() -> bool:
 
 def folder(results_dir: Path | str) -> str:
     """Where W&B keeps its runs: the user's WANDB_DIR, else `wandb/` in the results folder, never the caller's
-    working folder; W&B's data (a table's staging copy, which an offline run's later sync reads) beside them unless
-    WANDB_DATA_DIR says otherwise, not under ~/.local/share."""
-    where = os.environ.get("WANDB_DIR") or str(Path(results_dir) / "wandb")
-    os.environ.setdefault("WANDB_DATA_DIR", str(Path(where) / "data"))
-    return where
+    working folder."""
+    return os.environ.get("WANDB_DIR") or str(Path(results_dir) / "wandb")
+
+
+@contextlib.contextmanager
+def _data_beside(dir: str):
+    """While a run lives, W&B's data (a table's staging copy, which an offline run's later sync reads) goes beside
+    its runs unless WANDB_DATA_DIR says otherwise, not under ~/.local/share; the environment is restored after."""
+    if os.environ.get("WANDB_DATA_DIR"):
+        yield
+        return
+    os.environ["WANDB_DATA_DIR"] = str(Path(dir) / "data")
+    try:
+        yield
+    finally:
+        os.environ.pop("WANDB_DATA_DIR", None)
 
 
 def _run(
@@ -94,7 +106,6 @@ def _run(
     config: dict | None = None,
     run_id: str | None = None,
 ):
-    dir = dir or folder(paths.RESULTS_DIR)
     os.makedirs(dir, exist_ok=True)
     if mode == "online" and _unreachable:
         mode = "offline"
@@ -146,6 +157,12 @@ def log_cell(
     if mode == "off" or (wandb := _wandb()) is None:
         return None
     full_config = {**config, "provenance": provenance, "row": row, "experiment": experiment}
+    dir = dir or folder(paths.RESULTS_DIR)
+    with _data_beside(dir):
+        return _log_cell(wandb, experiment, row, method, full_config, summary, status, mode, dir, history)
+
+
+def _log_cell(wandb, experiment, row, method, full_config, summary, status, mode, dir, history) -> str:
     run = _run(
         wandb,
         experiment=experiment,
@@ -207,6 +224,12 @@ def log_table(
     mode = resolve_mode(mode)
     if mode == "off" or (wandb := _wandb()) is None:
         return None
+    dir = dir or folder(paths.RESULTS_DIR)
+    with _data_beside(dir):
+        return _log_table(wandb, experiment, columns, rows, mode, dir, config)
+
+
+def _log_table(wandb, experiment, columns, rows, mode, dir, config) -> str:
     sweep = (config or {}).get("sweep")
     run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"table-{experiment}-{sweep}") if sweep else None
     run = _run(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import math
-import os
 from pathlib import Path
 
 import torch
+
+from suite.config.files import write_atomic
 
 
 class BestCheckpoint:
@@ -34,10 +36,9 @@ class BestCheckpoint:
 
 def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
     """Atomic, so a killed cell never leaves half a checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_atomic(path, buf.getvalue())
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:
