@@ -210,7 +210,7 @@ def test_a_pytest_step_cut_at_its_limit_reports_what_it_ran_and_never_an_earlier
     tests = tmp_path / "test_steps.py"
     tests.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(600)\n")
     report.write_text(stale)
-    got = pytest_steps.run_pytest((str(tests),), "not nothing", report, ["-p", "no:cacheprovider"], budget=20.0)
+    got = pytest_steps.run_pytest((str(tests),), "not nothing", report, ["-p", "no:cacheprovider"], budget=12.0)
     assert got["exit"] == "timeout" and got["seconds"] < 60, got
     assert (got["passed"], got["failed"], got["errors"]) == (1, 0, 0), got  # test_quick, from this run's report
     assert "old" not in report.read_text()
@@ -218,7 +218,7 @@ def test_a_pytest_step_cut_at_its_limit_reports_what_it_ran_and_never_an_earlier
     deaf.write_text("import signal, time\n\ndef test_deaf():\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                     "    time.sleep(600)\n")  # fmt: skip
     report.write_text(stale)
-    got = pytest_steps.run_pytest((str(deaf),), "not nothing", report, ["-p", "no:cacheprovider"], budget=20.0)
+    got = pytest_steps.run_pytest((str(deaf),), "not nothing", report, ["-p", "no:cacheprovider"], budget=12.0)
     assert got["exit"] == "timeout" and got["passed"] is None and not report.exists(), got
     assert pytest_steps.counted_line(got) == "no JUnit report written (nothing counted)"
 
