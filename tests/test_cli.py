@@ -26,6 +26,7 @@ def test_list_shows_methods_experiments_profiles(capsys):
     [
         (["run", "tabel2"], ["unknown experiment", "did you mean table2"]),
         (["run", "table2", "--profile", "huge"], ["unknown profile", "tiny, small, paper, auto"]),
+        (["run", "table2", "--profile", "tinny"], ["unknown profile", "did you mean tiny"]),
         (["run", "table2", "--only", "baseline-fp33"], ["no row", "baseline-fp32"]),
         (["run", "table2", "--set", "micro_batch=3"], ["unknown --set key", "micro_batch_size"]),
         (["run", "table2", "--set", "steps=many"], ["steps", "int"]),

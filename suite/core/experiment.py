@@ -27,7 +27,9 @@ PROFILES = ("tiny", "small", "paper", "auto")
 def resolve_profile(name: str) -> str:
     """'auto' is `paper` on a CUDA machine and `tiny` on a CPU one."""
     if name not in PROFILES:
-        raise ConfigError(f"unknown profile {name!r}; accepted profiles: {', '.join(PROFILES)}")
+        raise ConfigError(
+            f"unknown profile {name!r}{did_you_mean(name, PROFILES)}; accepted profiles: {', '.join(PROFILES)}"
+        )
     if name == "auto":
         return "paper" if torch.cuda.is_available() else "tiny"
     return name
