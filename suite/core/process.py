@@ -16,6 +16,7 @@ from pathlib import Path
 
 from suite.config import paths
 from suite.config.launch import Nodes, torchrun_command
+from suite.harness.processes import proc_counter
 from suite.records.schema import Outcome, failed, problems
 
 
@@ -145,14 +146,7 @@ VMSTAT = "/proc/vmstat"  # its `oom_kill` line: every kill of the kernel's OOM k
 def oom_kills() -> int | None:
     """How many processes the kernel's OOM killer has killed since boot (Linux 4.13 and later), None where that
     cannot be read: the evidence a SIGKILL needs to be called out-of-memory."""
-    try:
-        with open(VMSTAT) as f:
-            for line in f:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+    return proc_counter(VMSTAT, "oom_kill")
 
 
 def exit_status(code: int | None, what: str, oom_before: int | None) -> str:

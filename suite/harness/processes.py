@@ -22,3 +22,16 @@ def session_ticks(sid: int) -> dict[int, int] | None:
         if int(rest[3]) == sid:  # field 6, the session
             out[int(name)] = int(rest[11]) + int(rest[12])  # fields 14 and 15: utime, stime
     return out
+
+
+def proc_counter(path: str, name: str) -> int | None:
+    """The number on the line of `path` that starts with `name` (`/proc/stat`'s procs_running, `/proc/vmstat`'s
+    oom_kill), None where the file or the line cannot be read."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(name + " "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None

@@ -21,7 +21,7 @@ import statistics
 import threading
 import time
 
-from suite.harness.processes import session_ticks
+from suite.harness.processes import proc_counter, session_ticks
 
 SAMPLE_S = 0.05
 OTHERS_BOUND = 0.25
@@ -52,14 +52,7 @@ def _cpu_ticks() -> tuple[int, int, int] | None:
 
 
 def _runnable() -> int | None:
-    try:
-        with open(_STAT) as f:
-            for line in f:
-                if line.startswith("procs_running"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+    return proc_counter(_STAT, "procs_running")
 
 
 class Watch:
