@@ -4,8 +4,6 @@ unchanged."""
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,23 +14,6 @@ from suite.core.experiment import Experiment, resolve_profile
 from suite.records import tracking
 
 MEASURES = ("time", "count")
-
-
-def writable(results_dir: Path, machine: str | None = None) -> None:
-    """Refuse, before anything runs, a results folder (`machine`'s own folder in it, once known) this process cannot
-    write a record into (a measured round was lost to a PermissionError at its save)."""
-    here = results_dir / "runs" / (machine or "")
-    while not here.exists() and here != here.parent:  # the folder that saving would write or make folders in
-        here = here.parent
-    try:
-        fd, probe = tempfile.mkstemp(dir=here, prefix=".writable-", suffix=".tmp")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(
-            f"results folder {results_dir} cannot be written ({exc.strerror or exc}): give SUITE_RESULTS_DIR a folder "
-            "this user can write"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -80,8 +61,6 @@ class SweepRequest:
             raise ConfigError(f"--measure {self.measure!r}: accepted: {', '.join(MEASURES)}")
         resolve("nodes", (self.nodes or Nodes()).validate())
         resolve("wandb_mode", tracking.resolve_mode(self.wandb_mode))
-        if not self.follower:  # (a follower writes nothing)
-            writable(self.results_dir)
 
     @property
     def follower(self) -> bool:

@@ -16,7 +16,7 @@ from suite.core.launcher import Fresh, choose
 from suite.core.nodes import follow
 from suite.core.plan import Plan, expand, plan
 from suite.core.recorder import Recorder
-from suite.core.request import SweepRequest, writable
+from suite.core.request import SweepRequest
 from suite.core.rounds import comparable, merge
 from suite.measure.machine import fingerprint
 from suite.records import store
@@ -48,7 +48,7 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
         follow(req.nodes, progress)
         return []
     fp = fingerprint()
-    writable(req.results_dir, fp["slug"])  # this machine's own folder too (a read-only one, left by another user)
+    store.writable(req.results_dir, fp["slug"])  # before anything runs
     p = plan(req, cells, fp["slug"], progress)
     recorder = Recorder(req, fp, p.sweep, progress)
     records = dict(p.reused)
@@ -180,10 +180,7 @@ class Rounds:
             n = len(self.left)
             self.hold("left at the deadline; the same command runs it in this sweep")
             if req.force and (rest := self.not_in_full()):
-                self.progress(
-                    f"deadline reached: {n} cell-round(s) left; {len(rest)} cell(s) not measured again in full keep "
-                    f"their earlier records (--force replaces one only with a complete one): {self.command(rest)}"
-                )
+                self.progress(f"deadline reached: {n} cell-round(s) left; {self.forced_rest(rest)}")
             else:
                 self.progress(
                     f"deadline reached: {n} cell-round(s) left for the next call (the same command resumes them)"
@@ -222,9 +219,14 @@ class Rounds:
         if not left:
             return Interrupted(f"{what}; every cell of sweep {self.sweep} was measured again in full")
         return Interrupted(
-            f"{what}; {len(self.todo) - len(left)} cell(s) measured again in full, {len(left)} not (those with a "
-            f"record keep it: --force replaces a record only with a complete one); to measure them again: "
-            f"{self.command(left)}"
+            f"{what}; {len(self.todo) - len(left)} cell(s) measured again in full, {self.forced_rest(left)}"
+        )
+
+    def forced_rest(self, rest: list[Cell]) -> str:
+        """What a --force sweep cut short says of the cells it did not measure again in full, and how to."""
+        return (
+            f"{len(rest)} not (those with a record keep it: --force replaces a record only with a complete one); to "
+            f"measure them again: {self.command(rest)}"
         )
 
     def final(self, cell: Cell) -> bool:

@@ -12,6 +12,7 @@ from suite.config import host
 from suite.config.run import ModelConfig
 from suite.harness import rng
 from suite.harness.data import MicroBatch
+from suite.harness.kernels import fused_attention_takes
 
 ATTN_IMPL = "suite_keyed"
 
@@ -32,7 +33,7 @@ def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dr
     if dropout == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-    if rng.path_for(query.device) == "hash_triton" and query.dtype in (torch.float16, torch.bfloat16):
+    if rng.path_for(query.device) == "hash_triton" and fused_attention_takes(query.dtype):
         from suite.harness.kernels import attention  # imports triton: only where the kernel runs
 
         dtype = query.dtype

@@ -4,10 +4,13 @@ and checked against the record schema (suite/records/schema.py) when read."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
 from suite.records.schema import SCHEMA_VERSION, Record, newer, problems
 
@@ -70,6 +73,23 @@ def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
     record and two processes saving one cell each leave a whole one; stamped with the schema's version."""
     record = {**record, "schema": SCHEMA_VERSION}
     return write_atomic(run_path(results_dir, key, machine), json.dumps(record, indent=1, sort_keys=True, default=str))
+
+
+def writable(results_dir: Path, machine: str) -> None:
+    """Refuse, before anything runs, a results folder (`machine`'s own folder in it) this process cannot save a
+    record into (a measured round was lost to a PermissionError at its save); nothing is created."""
+    here = run_path(results_dir, "k", machine).parent
+    while not here.exists() and here != here.parent:  # the folder that saving would write or make folders in
+        here = here.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=here, prefix=".writable-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"results folder {results_dir} cannot be written ({exc.strerror or exc}): give SUITE_RESULTS_DIR a folder "
+            "this user can write"
+        ) from None
 
 
 def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Iterator[Record]:

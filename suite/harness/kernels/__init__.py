@@ -12,6 +12,12 @@ from __future__ import annotations
 import os
 
 
+def fused_attention_takes(dtype) -> bool:
+    """Whether the fused keyed attention takes `dtype`: fp16 and bf16. FP32 keeps the materialised attention
+    (Triton's FP32 dot has no tensor-core path)."""
+    return str(dtype) in ("torch.float16", "torch.bfloat16")
+
+
 class KernelError(RuntimeError):
     """A Triton kernel failed to build or run; its message names the kernel and the reason."""
 

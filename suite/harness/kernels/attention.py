@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from suite.harness.device import is_fake
-from suite.harness.kernels import KernelError, block_for, interpreted
+from suite.harness.kernels import KernelError, block_for, fused_attention_takes, interpreted
 from suite.harness.kernels.dropout import KEY_ARGS, as_i32, kept, sample_word
 
 LOG2E = 1.4426950408889634
@@ -386,7 +386,7 @@ def keyed_attention(q, k, v, mask, scaling: float, dropout: float, key: tuple | 
     takes the materialised attention (suite/harness/model.py: Triton's FP32 dot has no tensor-core path)."""
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"keyed attention takes q, k, v of one dtype, not {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
+    if not fused_attention_takes(q.dtype):
         raise ValueError(f"the fused keyed attention takes fp16 or bf16, not {q.dtype} (FP32: the materialised one)")
     if not math.isfinite(scaling):
         raise ValueError(f"attention scaling {scaling} is not finite")
