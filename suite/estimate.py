@@ -34,14 +34,14 @@ from pathlib import Path
 
 from suite.config import paths
 from suite.core import precount
-from suite.core.experiment import Cell, get_experiment
-from suite.core.kinds import kind
+from suite.core.experiment import Cell
+from suite.core.plan import COMPLETE, PAST_CAP, REUSED, RUNS, TWIN, Decision, Plan, expand, plan
 from suite.core.registry import get as get_method
-from suite.core.schedule import by_shape, pooled, shape_of
+from suite.core.schedule import pooled, shape_of
 from suite.harness.model import param_count, pool_limit, shape_key
 from suite.measure import flops
 from suite.measure.provenance import code_digest
-from suite.records.schema import Record
+from suite.records.schema import Outcome, Record, failed
 from suite.records.store import all_records, machine_of
 
 WORKER_CELL_S = 2.0  # assumed: a pooled cell's copy, upload to the GPU and first-step kernels (not yet measured)
@@ -67,6 +67,7 @@ class Line:
     seconds: float
     source: str
     peer: bool = False  # a peer's row (the field's implementation), which no GPU record has costed yet
+    decision: str = ""  # a cell's: what the runner's plan decides for it on the target (suite.core.plan)
 
 
 def _timed(cell: Cell) -> int:
@@ -177,6 +178,15 @@ class CostTable:
         if rec is None or rec["status"] != "oom":
             return False
         return not get_method(cell.run.method).count_allowance(cell.run) or "count_allowance_gb" in rec["metrics"]
+
+    def past_cap(self, cells: list[Cell]) -> dict[str, Outcome]:
+        """The plan's counts on the target: an `oom` outcome for each capped cell a count puts past its cap."""
+        out = {}
+        for c in precount.capped(cells):
+            if self.counted_past_cap(c):
+                by = "a stored precount" if self.precounted(c) is not None else "a count record"
+                out[c.key] = failed("oom", f"counted past its cap ({by}): not run")
+        return out
 
     def absent(self, cell: Cell) -> str | None:
         """Why the target cannot run the cell's method at all (a library its image lacks), or None: its cells are
@@ -315,18 +325,40 @@ def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
     return table.fresh_overhead(_params(cell.run)) + 2 * repeats * step, f"own process; steps {src}"
 
 
+def sweep_plan(s, table: CostTable, rounds: int | None, worker: bool, results_dir: Path) -> Plan:
+    """The plan the campaign's sweep `s` (suite.campaign.stages.Sweep) makes on the target: the runner's own
+    (suite.core.plan), from the target's records, with what the target cannot run (its environment report) and
+    the counts that put capped cells past their caps (those stored for it, else the latest count record)."""
+    req = s.request(rounds=rounds, worker=worker, results_dir=results_dir, as_on_gpu=True)
+    machine = table.machine or table.device
+    return plan(req, expand(req), machine, lambda line: None, unavailable=table.absent, past_cap=table.past_cap)
+
+
+def _settled(d: Decision, table: CostTable) -> str:
+    """Why a cell the plan settles without running costs nothing."""
+    if d.action == REUSED:
+        return f"its record on {table.machine} reused ({d.outcome['status']})"
+    if d.action == TWIN:
+        return d.why
+    if d.action == PAST_CAP:
+        return d.outcome["error"]
+    if d.action == COMPLETE:
+        return "its partial record has every round: finished as it stands"
+    return d.why  # not run, untouched
+
+
 def estimate(
     stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None
 ) -> list[Line]:
-    """Every stage's lines (suite.campaign.stages.STAGES): its tests, then each sweep's cells in the order they run
-    (round by round, grouped by shape in the worker, which keeps one model shape at a time), each with its rounds
-    and estimated device seconds."""
+    """Every stage's lines (suite.campaign.stages.STAGES): its tests, then each sweep's cells as the runner's plan
+    decides them on the target (one line each, in the plan's order; a cell that runs costs its rounds in the order
+    they run: round by round, grouped by shape in the worker, which keeps one model shape at a time)."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     table = CostTable(device, results_dir)
     lines: list[Line] = []
     for number, stage in stages.items():
         # What the worker's pool holds and whether it has started: each stage is its own command, so a new worker
-        last_shape, started = None, False
+        pool = {"shape": None, "started": False}
         for flag, key in (("cuda_tests", "cuda_tests"), ("counted", "counted_vs_measured"), ("bench", "bench")):
             if getattr(stage, flag):
                 took = _report_seconds(results_dir, table.machine, number, key)
@@ -339,75 +371,76 @@ def estimate(
                         src = f"at least {took[0]:.0f} s (stage {number}'s report: cut, or not started); {src}"
                 lines.append(Line(number, part_line(key), 1, seconds, src))
         for s in stage.sweeps:
-            exp = get_experiment(s.experiment)
-            cells = [c for c in precount.as_on_gpu(exp, list(s.only) if s.only else None) if not c.row.skip]
-            per_cell: dict[str, Line] = {}
-            capped = [c for c in precount.capped(cells) if not c.row.same_as]
-            if capped:
-                left = [c for c in capped if table.precounted(c) is None]
-                what = f"{s.experiment}: counts of its capped cells"
-                if left:
-                    src = (
-                        f"assumed ({len(capped) - len(left)} of {len(capped)} counted before)"
-                        if len(left) < len(capped)
-                        else "assumed"
-                    )
-                    per_cell["counts"] = Line(number, what, 1, COUNTS_S * len(left) / len(capped), src)
-                else:
-                    per_cell["counts"] = Line(
-                        number, what, 0, 0.0, "counted before for the target (results/campaign/precount)"
-                    )
-            for cell in cells:
-                what = f"{s.experiment}/{cell.row.name}"
-                if cell.row.same_as is not None:  # its twin (an earlier stage's table) is measured: reused
-                    twin = "/".join(cell.row.same_as)
-                    per_cell[what] = Line(number, what, 0, 0.0, f"the same cell as {twin}: its record reused")
-                elif (why := table.absent(cell)) is not None:
-                    per_cell[what] = Line(number, what, 0, 0.0, why)
-                elif cell in capped and table.counted_past_cap(cell):
-                    by = "a stored precount" if table.precounted(cell) is not None else "a count record"
-                    per_cell[what] = Line(number, what, 0, 0.0, f"counted past its cap ({by}): not run")
-                elif (oom := table.oom(cell)) is not None:
-                    per_cell[what] = Line(number, what, 1, oom, "its oom record (a fresh process)")
-                elif not kind(cell.kind).builds_method:
-                    per_cell[what] = Line(number, what, 1, *_bench_seconds(cell, table))
-            fixed = set(per_cell)  # oom records and benchmarks: costed whole above
-            n_rounds = rounds or exp.rounds
-            for r in range(1, n_rounds + 1):
-                due = [
-                    c
-                    for c in cells
-                    if f"{s.experiment}/{c.row.name}" not in fixed and r <= (n_rounds if kind(c.kind).timed else 1)
-                ]
-                for cell in by_shape(due, r) if worker else due:
-                    what = f"{s.experiment}/{cell.row.name}"
-                    n = n_rounds if kind(cell.kind).timed else 1
-                    step, src = table.step(cell)
-                    params = _params(cell.run)
-                    if worker and pooled(cell):
-                        shape = shape_of(cell)
-                        build = table.build(params) if shape != last_shape else 0.0
-                        last_shape = shape if 4 * params <= table.pool_limit else None  # built in FP32
-                        start, started = (0.0 if started else table.start()), True
-                        cost, how = _timed(cell) * step + WORKER_CELL_S + build + start, "worker"
-                    else:
-                        cost, how = _timed(cell) * step + table.fresh_overhead(params), "own process"
-                    peer = get_method(cell.run.method).peer is not None
-                    line = per_cell.setdefault(what, Line(number, what, n, 0.0, f"{how}; steps {src}", peer))
-                    line.seconds += cost
-            lines += list(per_cell.values())
+            lines += _sweep_lines(number, sweep_plan(s, table, rounds, worker, results_dir), table, pool)
     return lines
 
 
+def _sweep_lines(number: int, p: Plan, table: CostTable, pool: dict) -> list[Line]:
+    """One sweep's lines: the counts of its capped cells, then a line per decision of its plan."""
+    out: dict[str, Line] = {}
+    capped = precount.capped([d.cell for d in p.of(*RUNS, PAST_CAP)])
+    if capped:
+        left = [c for c in capped if table.precounted(c) is None]
+        what = f"{capped[0].experiment}: counts of its capped cells"
+        if not left:
+            out["counts"] = Line(number, what, 0, 0.0, "counted before for the target (results/campaign/precount)")
+        else:
+            src = (
+                f"assumed ({len(capped) - len(left)} of {len(capped)} counted before)"
+                if len(left) < len(capped)
+                else "assumed"
+            )
+            out["counts"] = Line(number, what, 1, COUNTS_S * len(left) / len(capped), src)
+    whole = set()  # an expected OOM (one round, what its record took) and benchmarks (their own cost): costed once
+    for d in p.decisions:
+        cell, what = d.cell, f"{d.cell.experiment}/{d.cell.row.name}"
+        if d.action not in RUNS:
+            out[what] = Line(number, what, 0, 0.0, _settled(d, table), decision=d.action)
+        elif (oom := table.oom(cell)) is not None:
+            out[what] = Line(number, what, 1, oom, "its oom record (a fresh process)", decision=d.action)
+            whole.add(cell.key)
+        elif not cell.spec.builds_method:
+            out[what] = Line(number, what, d.rounds, *_bench_seconds(cell, table), decision=d.action)
+            whole.add(cell.key)
+        else:
+            peer = get_method(cell.run.method).peer is not None
+            out[what] = Line(number, what, d.rounds, 0.0, "", peer, d.action)
+    for cells in p.passes():
+        for cell in cells:
+            if cell.key in whole:
+                continue
+            step, src = table.step(cell)
+            params = _params(cell.run)
+            if p.grouped and pooled(cell):
+                build = table.build(params) if shape_of(cell) != pool["shape"] else 0.0
+                pool["shape"] = shape_of(cell) if 4 * params <= table.pool_limit else None  # built in FP32
+                start = 0.0 if pool["started"] else table.start()
+                pool["started"] = True
+                cost, how = _timed(cell) * step + WORKER_CELL_S + build + start, "worker"
+            else:
+                cost, how = _timed(cell) * step + table.fresh_overhead(params), "own process"
+            line = out[f"{cell.experiment}/{cell.row.name}"]
+            line.seconds += cost
+            line.source = line.source or f"{how}; steps {src}"
+    return list(out.values())
+
+
 def report(lines: list[Line], device: str) -> str:
-    """Each stage's total and its lines, then `estimated device time: N s`."""
-    out, total = [f"campaign estimate for {device} (suite/estimate.py says how each figure is made)"], 0.0
+    """Each stage's total and its lines (a cell's: the plan's decision, the rounds it runs, and the seconds of all
+    of them together), then `estimated device time: N s`."""
+    out = [
+        f"campaign estimate for {device} (suite/estimate.py says how each figure is made)",
+        f"  {'part or cell':<44} {'decision':<12} {'rounds':>6} {'all rounds':>10}  how",
+    ]
+    total = 0.0
     for number in sorted({ln.stage for ln in lines}):
         mine = [ln for ln in lines if ln.stage == number]
         sub = sum(ln.seconds for ln in mine)
         total += sub
         out.append(f"stage {number}: {sub:.0f} s")
-        out += [f"  {ln.what:<44} {ln.rounds} x  {ln.seconds:8.1f} s  {ln.source}" for ln in mine]
+        out += [
+            f"  {ln.what:<44} {ln.decision or '-':<12} {ln.rounds:>6} {ln.seconds:>8.1f} s  {ln.source}" for ln in mine
+        ]
     peers = sum(ln.seconds for ln in lines if ln.peer)
     if peers:
         out.append(f"of which the peers' rows: {peers:.0f} s; the rest: {total - peers:.0f} s")

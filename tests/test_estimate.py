@@ -148,8 +148,16 @@ def test_an_oom_record_costs_what_it_took_and_tests_are_assumed_without_a_report
     stages = {1: Stage("tests", cuda_tests=True), 2: Stage("t", sweeps=(Sweep("table3", only=("amp-u1",)),))}
     lines = estimate(stages, "h100", results_dir=tmp_path)
     counts = ("table3: counts of its capped cells", COUNTS_S)  # the campaign counts capped cells first
-    assert [(ln.what, ln.seconds) for ln in lines] == [("cuda tests", TESTS_S), counts, ("table3/amp-u1", 14.6)]
-    assert report(lines, "h100").splitlines()[-1] == f"estimated device time: {TESTS_S + COUNTS_S + 14.6:.0f} s"
+    ref = lines[2]  # the reference row, which the sweep measures beside the rows that take ratios to it
+    assert ref.what == "table3/l2l-cmp-u1" and ref.seconds > 0
+    assert [(ln.what, ln.seconds) for ln in lines] == [
+        ("cuda tests", TESTS_S),
+        counts,
+        (ref.what, ref.seconds),
+        ("table3/amp-u1", 14.6),
+    ]
+    total = TESTS_S + COUNTS_S + ref.seconds + 14.6
+    assert report(lines, "h100").splitlines()[-1] == f"estimated device time: {total:.0f} s"
 
 
 def test_a_cell_counted_past_its_cap_costs_nothing_but_its_count(tmp_path):
@@ -157,14 +165,15 @@ def test_a_cell_counted_past_its_cap_costs_nothing_but_its_count(tmp_path):
     count = dataclasses.replace(cell, kind="count")
     _record(tmp_path, count, step_time=None, rounds=0, duration=3.0, status="oom")
     stages = {3: Stage("t", sweeps=(Sweep("table5", only=("baseline-x16",)),))}
-    counts, line = estimate(stages, "h100", results_dir=tmp_path)
+    counts, line, ref = estimate(stages, "h100", results_dir=tmp_path)  # the reference row measured beside it
     assert (counts.seconds, line.seconds, line.rounds) == (COUNTS_S, 0.0, 0) and "not run" in line.source
+    assert line.decision == "past its cap" and (ref.what, ref.decision) == ("table5/stash-cpu-x1", "run")
 
 
 def test_without_records_the_defaults_are_named(tmp_path):
     stages = {2: Stage("t", sweeps=(Sweep("table2", only=("l2l-fp32",)),))}
-    _, line = estimate(stages, "h100", results_dir=tmp_path)
-    assert "assumed" in line.source and line.seconds > DEFAULT_OVERHEAD_S
+    *_, line = estimate(stages, "h100", results_dir=tmp_path)
+    assert line.what == "table2/l2l-fp32" and "assumed" in line.source and line.seconds > DEFAULT_OVERHEAD_S
 
 
 def test_the_command_prints_every_stage_and_the_total(capsys):
@@ -250,23 +259,3 @@ def test_a_host_benchmark_costs_what_another_machine_took_until_the_target_ran_i
     (folder / f"{cell.key}.json").write_text(json.dumps(rec))
     (line,) = estimate(stages, "h100", results_dir=tmp_path)
     assert line.seconds == 23.5 and line.source.startswith("its record on cpu-test (2 cores")
-
-
-def test_the_estimate_prices_exactly_the_cells_each_stages_sweeps_expand_to(tmp_path):
-    """Every stage: the estimate lists each cell the runner's sweep expands to (its reference row included, skipped
-    rows excluded), each once, and no other."""
-    from suite.core.experiment import get_experiment
-    from suite.core.plan import expand
-    from suite.core.request import SweepRequest
-    from suite.estimate import estimate
-
-    lines = estimate(STAGES, "h100", results_dir=tmp_path)  # no records: the cells are what is compared
-    for n, stage in STAGES.items():
-        for s in stage.sweeps:
-            exp = get_experiment(s.experiment)
-            req = SweepRequest(exp, "paper", s.only, overrides=("device=cuda",), wandb_mode="off")
-            runner = sorted(c.row.name for c in expand(req))
-            priced = sorted(
-                ln.what.split("/", 1)[1] for ln in lines if ln.stage == n and ln.what.startswith(f"{s.experiment}/")
-            )
-            assert priced == runner, (n, s.experiment)

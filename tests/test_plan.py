@@ -7,7 +7,7 @@ from test_runner import make_experiment
 
 from suite.config.errors import ConfigError
 from suite.core.experiment import Row
-from suite.core.plan import expand, plan
+from suite.core.plan import COMPLETE, NOT_RUN, RESUME, REUSED, RUN, TWIN, expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
@@ -60,14 +60,22 @@ def test_the_plan_decides_each_cell_before_anything_runs(tmp_path, rows, monkeyp
     rec.save(cells["whole"], {**_outcome(), "status": "partial: 1/2 rounds", "round_records": one_round * 2})
     seen = []
     p = plan(req, list(cells.values()), "m", seen.append)
-    assert list(p.reused) == [cells["done"].key] and any("done (grad_accum, tiny): ok (cached on m" in s for s in seen)
-    assert p.not_run == {cells["future"].key: "method 'not-a-method-yet' is not registered yet"}
-    assert [c.row.name for c in p.complete] == ["whole"] and [c.row.name for c in p.todo] == ["half", "new"]
-    assert len(p.resumed[cells["half"].key]) == 1 and p.sweep == "old-sweep"  # the rounds go on in their sweep
+    assert [(d.cell.row.name, d.action, d.rounds) for d in p.decisions] == [
+        ("done", REUSED, 0),
+        ("future", NOT_RUN, 0),
+        ("half", RESUME, 1),
+        ("whole", COMPLETE, 0),
+        ("new", RUN, 2),
+    ]
+    assert any("done (grad_accum, tiny): ok (cached on m" in s for s in seen)
+    assert p.of(NOT_RUN)[0].why == "method 'not-a-method-yet' is not registered yet"
+    assert [c.row.name for c in p.todo] == ["half", "new"] and len(p.of(RESUME)[0].resumed) == 1
+    assert p.sweep == "old-sweep"  # the rounds go on in their sweep
+    assert [[c.row.name for c in cells] for cells in p.passes()] == [["new"], ["half", "new"]]  # half waits a pass
     forced = plan(
         SweepRequest(req.experiment, "tiny", results_dir=tmp_path, force=True), list(cells.values()), "m", print
     )
-    assert not forced.reused and not forced.resumed and forced.sweep != "old-sweep"
+    assert {d.action for d in forced.decisions} == {NOT_RUN, RUN} and forced.sweep != "old-sweep"
 
 
 def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows, monkeypatch):
@@ -132,10 +140,11 @@ def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monke
     cells = expand(t4)
     seen = []
     p = plan(t4, cells, "m", seen.append)
-    assert list(p.twins) == [c.key for c in cells] and p.todo == []
-    twin = p.twins[cells[0].key]
-    for c in cells[1:]:  # no Table 3 record of theirs here: they wait for it
-        assert p.twins[c.key]["status"].startswith(f"pending: the same cell as table3/l2l-cmp-u{c.row.name[-1]}")
+    assert [(d.cell.key, d.action) for d in p.decisions] == [(c.key, TWIN) for c in cells] and p.todo == []
+    twin = p.decisions[0].outcome
+    for d in p.decisions[1:]:  # no Table 3 record of theirs here: they wait for it
+        want = f"pending: the same cell as table3/l2l-cmp-u{d.cell.row.name[-1]}"
+        assert d.outcome["status"].startswith(want)
     assert twin["metrics"] == {"throughput": 5.0, "throughput_per_rank": 5.0}
     assert twin["reused_from"] == {
         "experiment": "table3",

@@ -14,8 +14,6 @@ from suite.campaign.report import StageReport, campaign_dir, environment, pack, 
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
-from suite.core.experiment import get_experiment
-from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
 from suite.estimate import CUT, NOT_STARTED, estimate, part_line
 from suite.measure.machine import fingerprint
@@ -108,7 +106,7 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
             + (f" (exit {t['exit']})" if t["exit"] not in (0, 5) and not dry else "")
         )
     for s in stage.sweeps:
-        run_sweep(s, req, report, results_dir, profile, deadline, progress)
+        run_sweep(s, req, report, results_dir, deadline, progress)
     if stage.bench and fits("bench", "L2L microbenchmarks"):
         extra = ["--collect-only"] if dry else ["--benchmark-only", f"--benchmark-json={here / 'bench.json'}"]
         report.bench = run_pytest(BENCH_TESTS, "not slow", here / "bench.xml", extra, deadline - time.time())
@@ -131,25 +129,13 @@ def run_stage(req: StageRequest, progress=print) -> StageReport:
     return report
 
 
-def run_sweep(s: stages.Sweep, req: StageRequest, report: StageReport, results_dir, profile, deadline, progress):
+def run_sweep(s: stages.Sweep, req: StageRequest, report: StageReport, results_dir, deadline, progress):
     """One of the stage's sweeps, unless its deadline has passed; each record's row in the report."""
-    exp = get_experiment(s.experiment)
-    only = list(s.dry_only) if req.dry else (list(s.only) if s.only else None)
     if time.time() >= deadline:
         report.left.append(s.experiment)
         return
-    sweep_req = SweepRequest(
-        exp,
-        profile=profile,
-        only=only,
-        overrides=list(s.dry_set) if req.dry else None,
-        wandb_mode=req.wandb_mode,
-        results_dir=results_dir,
-        rounds=1 if req.dry else req.rounds,
-        deadline=deadline,
-        worker=req.worker,
-        precount=True,
-    )
+    sweep_req = s.request(req.dry, req.rounds, req.worker, results_dir, deadline, req.wandb_mode)
+    exp, profile, only = sweep_req.experiment, sweep_req.profile, sweep_req.only
     records = sweep(sweep_req, progress)
     for row in exp.rows(profile):
         if row.skip and (only is None or row.name in only):  # a row with no cell here says why

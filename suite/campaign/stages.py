@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from suite.config.errors import ConfigError
 from suite.core.experiment import Cell, get_experiment
+from suite.core.request import SweepRequest
 
 BUDGET_S = 540.0  # a stage's default: inside the GPU machine's 10-minute command limit, with a margin
 # Its cells: Table 2's rows at a BERT-base shape, each measured on CUDA and counted beside it (the estimate costs
@@ -35,6 +37,33 @@ class Sweep:
     only: tuple[str, ...] | None = None
     dry_only: tuple[str, ...] = ()
     dry_set: tuple[str, ...] = ()
+
+    def request(
+        self,
+        dry: bool = False,
+        rounds: int | None = None,
+        worker: bool = True,
+        results_dir: Path | None = None,
+        deadline: float | None = None,
+        wandb_mode: str | None = "off",
+        as_on_gpu: bool = False,
+    ) -> SweepRequest:
+        """The sweep a stage runs (its rows, at `paper` on a GPU or `tiny` in the dry run, capped cells counted
+        first), and the estimate plans: the estimate's, made on any machine, resolves its cells as the GPU does
+        (`as_on_gpu`: device=cuda, which 'auto' is there), so that they have the keys the GPU records under."""
+        overrides = list(self.dry_set) if dry else []
+        return SweepRequest(
+            get_experiment(self.experiment),
+            profile="tiny" if dry else "paper",
+            only=list(self.dry_only) if dry else (list(self.only) if self.only else None),
+            overrides=[*overrides, "device=cuda"] if as_on_gpu else overrides,
+            wandb_mode=wandb_mode,
+            results_dir=results_dir,
+            rounds=1 if dry else rounds,
+            deadline=deadline,
+            worker=worker,
+            precount=True,
+        )
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """How a sweep's cells are launched, chosen once per sweep (`choose`): in a fresh process each, in the worker, across
-nodes, or as counts running ahead. Each launcher has one `run(cell, timeout) -> Outcome` (exactly one status), the
-order of a round's cells, and `close`."""
+nodes, or as counts running ahead. Each launcher has one `run(cell, timeout) -> Outcome` (exactly one status) and
+`close`; the order a round's cells run in is the plan's (suite.core.plan.Plan.order)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from suite.core.experiment import Cell
 from suite.core.nodes import Coordinator, lead
 from suite.core.process import kill_running, launch
 from suite.core.request import SweepRequest
-from suite.core.schedule import by_shape, pooled
+from suite.core.schedule import pooled
 from suite.core.worker_client import Worker, shared_worker
 from suite.records.schema import Outcome
 
@@ -30,10 +30,6 @@ class Fresh:
     def run(self, cell: Cell, timeout: float | None = None) -> Outcome:
         return run_cell(cell, timeout)
 
-    def order(self, cells: list[Cell], r: int) -> list[Cell]:
-        """Round `r`'s cells, in the plan's order."""
-        return cells
-
     def close(self, completed: bool) -> None:
         """End what this launcher started; where the sweep did not complete, every cell process at once."""
         if not completed:
@@ -41,8 +37,8 @@ class Fresh:
 
 
 class InWorker(Fresh):
-    """The single-rank timed cells that may share a process (schedule.pooled) in the long-lived worker, grouped by
-    model shape in each round (schedule.by_shape); the others in fresh processes."""
+    """The single-rank timed cells that may share a process (schedule.pooled) in the long-lived worker (the plan
+    groups each round's cells by model shape for it); the others in fresh processes."""
 
     def __init__(self, worker: Worker):
         self.worker = worker
@@ -51,9 +47,6 @@ class InWorker(Fresh):
         if not pooled(cell):
             return run_cell(cell, timeout)
         return self.worker.run(cell.resolved(), cell.timeout if timeout is None else timeout)
-
-    def order(self, cells: list[Cell], r: int) -> list[Cell]:
-        return by_shape(cells, r)
 
 
 class CountsAhead(Fresh):
@@ -84,9 +77,6 @@ class AcrossNodes(Fresh):
         if cell.world == 1:
             return self.local.run(cell, timeout)
         return lead(cell, cell.timeout if timeout is None else timeout, self.coord, self.sweep)
-
-    def order(self, cells: list[Cell], r: int) -> list[Cell]:
-        return self.local.order(cells, r)
 
     def close(self, completed: bool) -> None:
         self.local.close(completed)

@@ -16,10 +16,11 @@ from suite.core.experiment import Cell
 from suite.core.kinds import is_timed
 from suite.core.request import SweepRequest
 from suite.core.rounds import resumable
+from suite.core.schedule import by_shape
 from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
-from suite.records.schema import Outcome, Record, failed
+from suite.records.schema import Outcome, failed
 
 COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
 
@@ -76,34 +77,94 @@ def new_sweep_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def not_run_reason(cell: Cell, measure: str) -> str | None:
+def not_run_reason(cell: Cell, measure: str, unavailable: Callable[[Cell], str | None] | None = None) -> str | None:
     """Why `cell` is recorded `not_implemented` without running: its row's method not registered yet, the
-    method's library missing here, or a count it cannot take; None when it runs."""
+    method's library missing where it runs (`unavailable`: that machine's answer, else this one's), or a count it
+    cannot take; None when it runs."""
     if not registry.is_registered(cell.row.method):
         return f"method {cell.row.method!r} is not registered yet"
     cls = registry.get(cell.run.method)
-    if (why := cls.unavailable()) is not None:
-        return f"unavailable here: {why}"
+    why = unavailable(cell) if unavailable is not None else cls.unavailable()
+    if why is not None:
+        return f"unavailable here: {why}" if unavailable is None else why
     return f"not counted: {cls.uncounted}" if measure == "count" and cls.uncounted else None
+
+
+# What a plan decides for a cell, one of:
+REUSED = "reused"  # finished on this machine: its record kept as it is
+TWIN = "twin"  # another table's record of the same cell (Row.same_as), or `pending` until that one finishes
+UNTOUCHED = "untouched"  # a newer suite's record: neither read nor replaced
+NOT_RUN = "not run"  # recorded `not_implemented`, with why
+PAST_CAP = "past its cap"  # counted past its device cap: recorded `oom` (counted) without running
+COMPLETE = "complete"  # resumed with every round asked for: finished as it stands
+RESUME = "resume"  # its measured rounds kept, the rest run
+RUN = "run"  # measured in every round
+RUNS = (RESUME, RUN)
+
+
+@dataclass
+class Decision:
+    """What becomes of one cell: its `action`, why (a cell not run), the outcome it takes without running (a
+    reused record, a twin's, a count past its cap), the rounds a partial record had measured, and the rounds it
+    still runs."""
+
+    cell: Cell
+    action: str
+    why: str = ""
+    outcome: Outcome | None = None
+    resumed: list[Outcome] = field(default_factory=list)
+    rounds: int = 0
+
+
+def due(done: int, planned: int, r: int, making_up: bool = False) -> bool:
+    """Whether a cell with `done` rounds of `planned` runs one in pass `r`: while it has fewer than `r` (a cell
+    resumed past this pass waits), and past the last pass only to make up rounds set aside (`making_up`)."""
+    if r > planned and not making_up:
+        return False
+    return done < min(r, planned)
 
 
 @dataclass
 class Plan:
-    """What a sweep does with each of its cells, in their order."""
+    """What a sweep does with each of its cells: one decision each, in the order they are taken (the reference row
+    first where it is measured again), and each round's order of the cells that run."""
 
     sweep: str  # the sweep's id: a new one, or the one a resumed partial record began in
+    rounds: int = 1  # the rounds a timed cell takes (SweepRequest.rounds)
+    grouped: bool = False  # a round's cells grouped by model shape: the worker's pool builds each shape once
+    decisions: list[Decision] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)  # how progress lines name each cell
-    reused: dict[str, Record] = field(default_factory=dict)  # finished on this machine: kept as they are
-    not_run: dict[str, str] = field(default_factory=dict)  # recorded `not_implemented`, with why
-    resumed: dict[str, list[Outcome]] = field(default_factory=dict)  # rounds a partial record had measured
-    complete: list[Cell] = field(default_factory=list)  # resumed with every round asked for: finished as they stand
-    todo: list[Cell] = field(default_factory=list)  # to measure (after their resumed rounds)
-    twins: dict[str, Outcome] = field(default_factory=dict)  # another table's finished record of the same cell
     aside: dict[str, list[dict]] = field(default_factory=dict)  # a resumed cell's rounds set aside by earlier calls
     # Cells with a record of their own here before this call: an interrupt never writes over one, and under --force
     # one is replaced only by its complete successor (suite.core.runner.Rounds)
     own: set[str] = field(default_factory=set)
-    untouched: dict[str, Outcome] = field(default_factory=dict)  # a newer suite's record: neither read nor replaced
+
+    def of(self, *actions: str) -> list[Decision]:
+        return [d for d in self.decisions if d.action in actions]
+
+    @property
+    def todo(self) -> list[Cell]:
+        """The cells that run (after their resumed rounds), in the plan's order."""
+        return [d.cell for d in self.of(*RUNS)]
+
+    def planned(self, cell: Cell) -> int:
+        return self.rounds if is_timed(cell.kind) else 1
+
+    def order(self, cells: list[Cell], r: int) -> list[Cell]:
+        """Round `r`'s cells in the order they run: the plan's, grouped by shape for the worker (schedule.by_shape)."""
+        return by_shape(cells, r) if self.grouped else cells
+
+    def passes(self) -> list[list[Cell]]:
+        """Each pass's cells in order, where every round succeeds (the runner's own passes also make up rounds set
+        aside, and stop a cell that failed): what an estimate prices."""
+        done = {d.cell.key: len(d.resumed) for d in self.of(*RUNS)}
+        out = []
+        for r in range(1, self.rounds + 1):
+            cells = self.order([c for c in self.todo if due(done[c.key], self.planned(c), r)], r)
+            for c in cells:
+                done[c.key] += 1
+            out.append(cells)
+        return out
 
 
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
@@ -136,47 +197,73 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     }
 
 
-def plan(req: SweepRequest, cells: list[Cell], machine: str, progress: Callable[[str], None]) -> Plan:
-    """Decide, from this machine's records (never another's) and the method registry, what becomes of each cell;
-    reports each reused one."""
-    p = Plan(new_sweep_id())
+def plan(
+    req: SweepRequest,
+    cells: list[Cell],
+    machine: str,
+    progress: Callable[[str], None],
+    unavailable: Callable[[Cell], str | None] | None = None,
+    past_cap: Callable[[list[Cell]], dict[str, Outcome]] | None = None,
+) -> Plan:
+    """Decide, from `machine`'s records (never another's) and the method registry, what becomes of each cell;
+    reports each reused one. What the plan cannot read from records comes from the machine that runs the sweep:
+    why a method cannot run there (`unavailable`, else this machine's registry), and, where the sweep counts its
+    capped cells first (SweepRequest.precount), `past_cap`: the outcome of each of the given cells its count puts
+    past its cap (suite.core.runner.counted_past_cap on the machine itself; the estimate's stored counts)."""
+    p = Plan(new_sweep_id(), rounds=req.rounds, grouped=req.worker and req.measure == "time")
     for i, cell in enumerate(cells, 1):
         name = f"{req.experiment.name}/{cell.row.name}"
         p.tags[cell.key] = f"[{i}/{len(cells)}] {name} ({cell.row.method}, {req.profile})"
-        cached = store.load(req.results_dir, cell.key, machine, warn=progress)
-        if cached is not None:
-            p.own.add(cell.key)
-        elif (version := store.newer_here(req.results_dir, cell.key, machine)) is not None:
-            why = f"its record here was written by a newer suite (schema {version}): left untouched, not measured"
-            p.untouched[cell.key] = failed(f"error: {why}")
-            progress(f"{p.tags[cell.key]}: {why}")
-            continue
-        kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
-        if kept:
-            p.resumed[cell.key] = kept
-            if aside := cached["metrics"].get("rounds_set_aside"):  # what earlier calls set aside stays in evidence
-                p.aside[cell.key] = list(aside)
-            p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
-        elif cached and str(cached["status"]).startswith("pending") and not req.force:
-            p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
-        twin = same_as(req, cell, machine)  # forced too: suite.sweep.twins_first has run the twin's sweep
-        if twin is not None:
-            of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
-            waits = twin["status"].startswith("pending")
-            said = "waits for " + of if waits else f"the same cell as {of} on {machine}, reused"
-            progress(f"{p.tags[cell.key]}: {twin['status'].split(':')[0]} ({said})")
-            p.twins[cell.key] = twin
-        elif cached and cached["status"] in store.FINISHED and not req.force:
-            progress(f"{p.tags[cell.key]}: {cached['status']} (cached on {machine}, {cell.key})")
-            p.reused[cell.key] = cached
-        elif (why := not_run_reason(cell, req.measure)) is not None:
-            p.not_run[cell.key] = why
-        elif len(kept) >= req.planned_rounds(is_timed(cell.kind)):
-            p.complete.append(cell)
-        else:
-            p.todo.append(cell)
+        p.decisions.append(_decide(req, cell, machine, p, progress, unavailable))
     _with_reference(req, cells, p, progress)
+    if past_cap is not None and req.precount and req.measure == "time":
+        counted = past_cap(p.todo)
+        for d in p.of(*RUNS):
+            if d.cell.key in counted:
+                d.action, d.outcome, d.rounds = PAST_CAP, counted[d.cell.key], 0
     return p
+
+
+def _decide(
+    req: SweepRequest,
+    cell: Cell,
+    machine: str,
+    p: Plan,
+    progress: Callable[[str], None],
+    unavailable: Callable[[Cell], str | None] | None,
+) -> Decision:
+    """One cell's decision (a resumed or pending record also sets the sweep the rounds go on in)."""
+    tag = p.tags[cell.key]
+    cached = store.load(req.results_dir, cell.key, machine, warn=progress)
+    if cached is not None:
+        p.own.add(cell.key)
+    elif (version := store.newer_here(req.results_dir, cell.key, machine)) is not None:
+        why = f"its record here was written by a newer suite (schema {version}): left untouched, not measured"
+        progress(f"{tag}: {why}")
+        return Decision(cell, UNTOUCHED, why, failed(f"error: {why}"))
+    kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
+    if kept:
+        if aside := cached["metrics"].get("rounds_set_aside"):  # what earlier calls set aside stays in evidence
+            p.aside[cell.key] = list(aside)
+        p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
+    elif cached and str(cached["status"]).startswith("pending") and not req.force:
+        p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
+    twin = same_as(req, cell, machine)  # forced too: suite.sweep.twins_first has run the twin's sweep
+    if twin is not None:
+        of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
+        waits = twin["status"].startswith("pending")
+        said = "waits for " + of if waits else f"the same cell as {of} on {machine}, reused"
+        progress(f"{tag}: {twin['status'].split(':')[0]} ({said})")
+        return Decision(cell, TWIN, said, twin)
+    if cached and cached["status"] in store.FINISHED and not req.force:
+        progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key})")
+        return Decision(cell, REUSED, f"{cached['status']} on {machine}", cached)
+    if (why := not_run_reason(cell, req.measure, unavailable)) is not None:
+        return Decision(cell, NOT_RUN, why)
+    planned = p.planned(cell)
+    if len(kept) >= planned:
+        return Decision(cell, COMPLETE, resumed=kept)
+    return Decision(cell, RESUME if kept else RUN, resumed=kept, rounds=planned - len(kept))
 
 
 def _with_reference(req: SweepRequest, cells: list[Cell], p: Plan, progress: Callable[[str], None]) -> None:
@@ -187,9 +274,11 @@ def _with_reference(req: SweepRequest, cells: list[Cell], p: Plan, progress: Cal
     exp = req.experiment
     if not p.todo or not any(m.ratio for m in exp.metrics):
         return
-    ref = next((c for c in cells if c.row.name == exp.baseline), None)
-    if ref is None or ref.key not in p.reused or p.reused[ref.key].get("sweep") == p.sweep:
+    ref = next((d for d in p.decisions if d.cell.row.name == exp.baseline), None)
+    if ref is None or ref.action != REUSED or ref.outcome.get("sweep") == p.sweep:
         return
-    del p.reused[ref.key]
-    p.todo.insert(0, ref)
-    progress(f"{p.tags[ref.key]}: measured again, beside the rows of sweep {p.sweep} that take their ratios to it")
+    p.decisions.remove(ref)
+    p.decisions.insert(
+        0, Decision(ref.cell, RUN, "the reference row, beside rows that take ratios to it", rounds=p.planned(ref.cell))
+    )
+    progress(f"{p.tags[ref.cell.key]}: measured again, beside the rows of sweep {p.sweep} that take their ratios to it")

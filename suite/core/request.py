@@ -74,7 +74,3 @@ class SweepRequest:
         parts += [f"device_memory={self.device_memory}"] if self.device_memory else []
         parts += [f"nnodes={self.nodes.nnodes}"] if self.nodes.nnodes > 1 else []
         return ", ".join(parts + [f"set {o}" for o in self.overrides or []])
-
-    def planned_rounds(self, kind_timed: bool) -> int:
-        """Rounds a cell takes: the sweep's rounds where its figure is a rate (a timed kind), else one."""
-        return self.rounds if kind_timed else 1

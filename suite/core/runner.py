@@ -11,10 +11,22 @@ from pathlib import Path
 
 from suite.core import launcher, precount, process
 from suite.core.experiment import Cell
-from suite.core.kinds import is_timed
 from suite.core.launcher import Fresh, choose
 from suite.core.nodes import follow
-from suite.core.plan import Plan, expand, plan
+from suite.core.plan import (
+    COMPLETE,
+    NOT_RUN,
+    PAST_CAP,
+    REUSED,
+    RUNS,
+    TWIN,
+    UNTOUCHED,
+    Decision,
+    Plan,
+    due,
+    expand,
+    plan,
+)
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
 from suite.core.rounds import comparable, merge
@@ -49,32 +61,41 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
         return []
     fp = fingerprint()
     store.writable(req.results_dir, fp["slug"])  # before anything runs
-    p = plan(req, cells, fp["slug"], progress)
+
+    def counts(todo: list[Cell]) -> dict[str, Outcome]:
+        return counted_past_cap(todo, req.timeout, progress, req.results_dir)
+
+    p = plan(req, cells, fp["slug"], progress, past_cap=counts)
     recorder = Recorder(req, fp, p.sweep, progress)
-    records = dict(p.reused)
-    for cell in [c for c in cells if c.key in p.twins]:
-        twin = p.twins[cell.key]
-        records[cell.key] = recorder.save(cell, twin, final=not twin["status"].startswith("pending"))
-    for cell in [c for c in cells if c.key in p.untouched]:  # said, not saved: the newer record stays as it is
-        records[cell.key] = recorder.label(cell, p.untouched[cell.key])
-    for cell in [c for c in cells if c.key in p.not_run]:
-        records[cell.key] = recorder.save(cell, failed("not_implemented", p.not_run[cell.key]))
-    if p.todo or p.complete:
+    records = {d.cell.key: settle(d, recorder) for d in p.decisions if d.action not in RUNS}
+    if p.todo:
         if req.measure == "count":
             verb, how = "counting", "memory counted on fake tensors, once per cell"
         else:
             verb, how = "measuring", f"throughput cells in {req.rounds} interleaved round(s)"
-        progress(f"{verb} {len(p.todo) + len(p.complete)} cell(s) on {fp['slug']}, sweep {p.sweep}: {how}")
-    if req.precount and req.measure == "time":
-        for key, outcome in counted_past_cap(p.todo, req.timeout, progress, req.results_dir).items():
-            records[key] = recorder.save(next(c for c in p.todo if c.key == key), outcome, final=True)
-        p.todo = [c for c in p.todo if c.key not in records]
-    for cell in p.complete:  # resumed with as many rounds as this call asks for: finished as it stands
-        records[cell.key] = recorder.save(cell, merge(p.resumed[cell.key], len(p.resumed[cell.key])))
+        progress(f"{verb} {len(p.todo)} cell(s) on {fp['slug']}, sweep {p.sweep}: {how}")
     records.update(Rounds(req, p, recorder, progress).run())
     pending = failed("pending: left at the deadline")
     found = (records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) for c in cells)
     return [(c, r or recorder.label(c, pending)) for c, r in zip(cells, found)]
+
+
+def settle(d: Decision, recorder: Recorder) -> Record:
+    """The record of a cell the plan settles without running it: reused as it is, a twin's (final once the twin
+    finished), a newer suite's (said, not saved), not run and why, counted past its cap, or resumed complete."""
+    cell, outcome = d.cell, d.outcome
+    if d.action == REUSED:
+        return outcome
+    if d.action == UNTOUCHED:
+        return recorder.label(cell, outcome)
+    if d.action == TWIN:
+        return recorder.save(cell, outcome, final=not outcome["status"].startswith("pending"))
+    if d.action == NOT_RUN:
+        return recorder.save(cell, failed("not_implemented", d.why))
+    if d.action == PAST_CAP:
+        return recorder.save(cell, outcome, final=True)
+    assert d.action == COMPLETE, d.action
+    return recorder.save(cell, merge(d.resumed, len(d.resumed)))
 
 
 def counted_past_cap(
@@ -120,9 +141,9 @@ class Rounds:
     """The cells a plan leaves to measure, round by round, each round's outcome merged into the cell's record."""
 
     def __init__(self, req: SweepRequest, p: Plan, recorder: Recorder, progress: Callable[[str], None]):
-        self.req, self.recorder, self.progress = req, recorder, progress
+        self.req, self.recorder, self.progress, self.plan = req, recorder, progress, p
         self.todo, self.tags, self.sweep = p.todo, p.tags, p.sweep
-        self.done = {c.key: list(p.resumed.get(c.key, [])) for c in p.todo}  # each cell's rounds: resumed, then new
+        self.done = {d.cell.key: list(d.resumed) for d in p.of(*RUNS)}  # each cell's rounds: resumed, then new
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
         self.launcher: Fresh | None = None  # chosen when the rounds start (launcher.choose)
         # Each cell's rounds of another path, set aside (one_path), those of the calls it resumes from included.
@@ -139,16 +160,14 @@ class Rounds:
         return self.req.force and cell.key in self.own and cell.key not in self.replaced
 
     def planned(self, cell: Cell) -> int:
-        return self.req.planned_rounds(is_timed(cell.kind))
+        return self.plan.planned(cell)
 
     def due(self, cell: Cell, r: int) -> bool:
-        """Whether `cell` runs a round in pass `r`: while it has fewer rounds than it takes and than `r` (a cell
-        resumed past this pass waits; one whose rounds of another path were set aside makes them up in the passes
-        after the last), and none failed."""
-        done, planned = self.done[cell.key], self.planned(cell)
-        if r > planned and cell.key not in self.aside:  # only rounds set aside are made up past the last pass
-            return False
-        return len(done) < min(r, planned) and not (done and done[-1]["status"] != "ok")
+        """Whether `cell` runs a round in pass `r` (plan.due: one whose rounds of another path were set aside makes
+        them up in the passes after the last), and none failed."""
+        done = self.done[cell.key]
+        making_up = cell.key in self.aside  # only rounds set aside are made up past the last pass
+        return due(len(done), self.planned(cell), r, making_up) and not (done and done[-1]["status"] != "ok")
 
     def run(self) -> dict[str, Record]:
         """Every due cell-round, round by round; returns the records made."""
@@ -159,7 +178,7 @@ class Rounds:
         completed = False
         try:
             for r in range(1, 2 * req.rounds + 1):  # the passes past `rounds` make up rounds set aside (one_path)
-                for cell in self.launcher.order([c for c in self.todo if self.due(c, r)], r):
+                for cell in self.plan.order([c for c in self.todo if self.due(c, r)], r):
                     planned = self.planned(cell)
                     tag = self.tags[cell.key] + (
                         f" round {len(self.done[cell.key]) + 1}/{planned}" if planned > 1 else ""
