@@ -180,7 +180,7 @@ def latest_section(exp, results_dir: Path):
     """(cells, records) of the first section with records (the profile order of tables.sections)."""
     from suite.report import tables
 
-    secs = tables.sections(exp, results_dir)
+    secs = tables.sections(exp, results_dir, variants=False)
     return (secs[0][1], secs[0][2]) if secs else ([], [])
 
 

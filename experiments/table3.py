@@ -71,34 +71,38 @@ def target_figure(exp, results_dir: Path) -> list[Path]:
 def _target_bars(secs):
     """The target figure of `secs` (tables.sections): a bar per section with such a ratio at each #uBatches (a
     partial row hatched), the target drawn, the legend under the axes."""
-    bars = []
+    bars, colours = [], plots.section_colours(secs)
+    none = (None, False, False)
     for title, cells, records in secs:
         got = {
-            c.row.name: (metrics_of(r).get("throughput"), plots.partial(r))
+            c.row.name: (metrics_of(r).get("throughput"), plots.partial(r), plots.contended_rec(r))
             for c, r in zip(cells, records)
             if r and measured(r["status"], oom=False)
         }
         ratios = []
         for u in UBATCHES:
-            (l2l, p1), (amp, p2) = got.get(f"l2l-cmp-u{u}", (None, False)), got.get(f"amp-rc-u{u}", (None, False))
-            ratios.append((l2l / amp, p1 or p2) if l2l and amp else (None, False))
-        if any(v is not None for v, _ in ratios):
+            (l2l, p1, c1), (amp, p2, c2) = got.get(f"l2l-cmp-u{u}", none), got.get(f"amp-rc-u{u}", none)
+            ratios.append((l2l / amp, p1 or p2, c1 or c2) if l2l and amp else none)
+        if any(v is not None for v, _, _ in ratios):
             bars.append((plots.short(title), ratios))
     if not bars:
         return None
     fig, ax = plots.pyplot().subplots(figsize=(plots.README_WIDTH_IN, 3.6))
     width = 0.8 / len(bars)
     for k, (label, ratios) in enumerate(bars):
-        for i, (value, part) in enumerate(ratios):
+        ax.bar([], [], color=colours[label], label=label)  # the section's legend entry: solid, whatever its bars
+        for i, (value, part, busy) in enumerate(ratios):
             if value is not None:
-                style = plots.PARTIAL if part else {}
-                ax.bar(i + k * width, value, width, color=f"C{k}", edgecolor=f"C{k}", label=label, **style)
+                style = {**(plots.PARTIAL if part else {}), **(plots.CONTENDED if busy else {})}
+                style.setdefault("facecolor", colours[label])
+                ax.bar(i + k * width, value, width, edgecolor=colours[label], **style)
     ax.axhline(TARGET, color="C3", ls="--", lw=1, label=f"target {TARGET:.0%} (paper profile, GPU)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(UBATCHES))], [f"{u} micro-batch(es)" for u in UBATCHES])
     ax.set_ylabel("L2L-CMP / AMP-recompute", fontsize=9)
     ax.set_title("Table 3: L2L-CMP against AMP recomputing per layer (whole model on the device)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    plots.legend_below(ax, any(part for _, ratios in bars for _, part in ratios))
+    drawn = [r for _, ratios in bars for r in ratios if r[0] is not None]
+    plots.legend_below(ax, any(part for _, part, _ in drawn), any(busy for _, _, busy in drawn))
     return fig
 
 

@@ -34,3 +34,46 @@ def test_one_figure_per_ratio_partial_rows_hatched_and_the_legend_below_the_data
     # a machine whose section has no ratio of this metric draws no bar (the counted section has no throughput)
     assert not any(x.endswith("· counted") for x in labels)
     assert any(t.endswith("counted") for t in (plots.short(s[0]) for s in tables.sections(exp, tmp_path)))
+
+
+def test_a_contended_section_is_drawn_hollow_named_in_the_legend_and_coloured_alike_in_every_figure(
+    tmp_path, monkeypatch
+):
+    """A machine that was busy while its rows were timed keeps its bars (hollow; the table shows no rate ratio),
+    and each section has one colour in the throughput and the memory figure alike."""
+    import json
+
+    shutil.copytree(paths.RESULTS_DIR / "runs", tmp_path / "runs")
+    busy = {"contended": True, "reasons": ["load 3.0 on 2 cores"]}
+    for path in (tmp_path / "runs" / "cpu-epyc-f25m1-avx2-2c").glob("*.json"):
+        rec = json.loads(path.read_text())
+        if rec["experiment"] == "table2":
+            rec["metrics"]["contention"] = busy
+            path.write_text(json.dumps(rec))
+    exp = get_experiment("table2")
+    drawn = {}
+
+    def keep(fig, results_dir, name, dpi=120):
+        ax = fig.axes[0]
+        drawn[name] = {
+            "labels": [t.get_text() for t in ax.get_legend().get_texts()],
+            "colours": {
+                t.get_text(): h.get_facecolor()
+                for t, h in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)
+                if hasattr(h, "get_facecolor")  # (the paper's marker is a line)
+            },
+            "hollow": [p for p in ax.patches if p.get_fill() is False or p.get_facecolor()[3] == 0],
+        }
+        return results_dir / f"{name}.png"
+
+    monkeypatch.setattr(plots, "save", keep)
+    plots.ratio_figures(exp, tmp_path)
+    throughput, memory = drawn["table2_throughput"], drawn["table2_memory_gb"]
+    section = "cpu-epyc-f25m1-avx2-2c · tiny"
+    assert section in throughput["labels"] and throughput["hollow"]  # drawn, not dropped
+    assert any(x.startswith("hollow: contended") for x in throughput["labels"])
+    _, cells, records = next(s for s in tables.sections(exp, tmp_path) if "on cpu-epyc-f25m1-avx2-2c (" in s[0])
+    cols, rows = tables.table_rows(exp, cells, records)
+    assert all(r[cols.index("throughput xbaseline-fp32 ours")] is None for r in rows)  # the table shows none
+    for label in set(throughput["colours"]) & set(memory["colours"]) - {"the paper"}:
+        assert throughput["colours"][label] == memory["colours"][label], label

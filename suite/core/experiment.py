@@ -77,6 +77,9 @@ class Cell:
     kind: str = "throughput"
     timeout: float = 600.0
     nnodes: int = 1  # the machines of its sweep (suite run --nnodes): a sweep across nodes makes records of its own
+    # The --set pairs that change what the table's rows run (Experiment.cells: variant_pairs), as `set k=v, ...`;
+    # a variant's cells are keyed apart, its reference row (run as the table defines it) included
+    variant: str = ""
 
     def resolved(self) -> dict[str, Any]:
         return {
@@ -89,6 +92,7 @@ class Cell:
             # The keyed dropout's draws where they are not the first harness's (the counter hash on CUDA).
             **rng.harness_key(device_type(self.run.device)),
             **({"nnodes": self.nnodes} if self.nnodes > 1 else {}),  # keys of one-node cells stay as they were
+            **({"variant": self.variant} if self.variant else {}),  # and those of the table's own rows
         }
 
     @functools.cached_property
@@ -162,6 +166,8 @@ class Experiment:
                     )
             rows = [r for r in rows if any(fnmatch.fnmatchcase(r.name, o) for o in only)]
         takes = self._set_keys(rows, overrides or [])
+        what_runs = self.variant_pairs(overrides or [])
+        variant = ", ".join(f"set {p}" for p in what_runs)
         cells = []
         for row in rows:
             if row.skip and not (counting and row.count_anyway):
@@ -174,15 +180,26 @@ class Experiment:
             opts = {**self.settings, **opts}
             run = apply_overrides(RunConfig(method=row.method), pairs, opts)
             if overrides:  # a method's option goes to the rows whose method takes it (stash=cpu: the L2L rows)
-                run = apply_overrides(run, [p for p in overrides if _key(p) in takes[row.method]], opts)
+                mine = [p for p in overrides if _key(p) in takes[row.method]]
+                if row.name == self.baseline and len(rows) > 1:  # beside other rows, the reference runs as the
+                    mine = [p for p in mine if p not in what_runs]  # table defines it (alone, it is the variant)
+                run = apply_overrides(run, mine, opts)
             if device_memory is not None:
                 run.device_memory = device_memory
             if run.device == "auto":  # resolve here so a CPU and a GPU result never share a cache key
                 run.device = "cuda" if torch.cuda.is_available() else "cpu"
-            cells.append(
-                self.adapt(Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile)), profile)
-            )
+            cell = Cell(self.name, row, run.validate(), profile, self.kind, self.timeout(profile), variant=variant)
+            cells.append(self.adapt(cell, profile))
         return cells
+
+    def variant_pairs(self, overrides: list[str]) -> list[str]:
+        """The --set pairs that change what a row runs, not the shape it runs at: its method, its precision, a
+        method's options. A sweep with any is a variant of the table: its rows are keyed and shown apart from the
+        table's own (a section of their own), never drawn in its figures, and its reference row, beside other rows,
+        runs as the table defines it, so that each row is compared with the table's reference (selected alone, the
+        reference row is the variant's row)."""
+        shape = (set(override_keys()) | set(self.settings)) - set(WHAT_RUNS)
+        return [p for p in overrides if _key(p) not in shape]
 
     def _set_keys(self, rows: list[Row], overrides: list[str]) -> dict[str, set[str]]:
         """The --set keys each row's method takes: the run's and the model's for all, a method option for the
@@ -233,6 +250,9 @@ class ProjectingExperiment(Experiment):
             return cell
         run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": cell.row.projection})
         return dataclasses.replace(cell, run=run, kind=self.projected_kind, timeout=self.projected_timeout)
+
+
+WHAT_RUNS = ("method", "precision")  # of RunConfig's --set keys, those that change what runs, not its shape
 
 
 def _key(pair: str) -> str:

@@ -26,7 +26,7 @@ class Recorder:
             "key": cell.key,
             "experiment": self.req.experiment.name,
             "row": cell.row.name,
-            "method": cell.row.method,
+            "method": cell.run.method,  # what ran: a variant's (--set method=...) where it set one
             "profile": self.req.profile,
             "device_type": cell.run.device,
             "variant": self.req.variant,

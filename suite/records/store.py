@@ -70,9 +70,32 @@ def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] 
 
 def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
     """Write atomically (a temporary file of its own, renamed), so an interrupted sweep never leaves a half-written
-    record and two processes saving one cell each leave a whole one; stamped with the schema's version."""
+    record and two processes saving one cell each leave a whole one; stamped with the schema's version. A finished
+    record of another sweep that this one replaces is kept under EARLIER (earlier())."""
     record = {**record, "schema": SCHEMA_VERSION}
-    return write_atomic(run_path(results_dir, key, machine), json.dumps(record, indent=1, sort_keys=True, default=str))
+    path = run_path(results_dir, key, machine)
+    _keep_earlier(path, record.get("sweep"))
+    return write_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=str))
+
+
+EARLIER = "earlier"  # runs/<machine>/earlier/<key>.<sweep>.json: a cell's finished records of earlier sweeps
+
+
+def _keep_earlier(path: Path, sweep: str | None) -> None:
+    """Keep the `ok` record at `path` if a record of another sweep is about to replace it: the rows measured in its
+    sweep keep their ratios to it (a reference row measured again beside a re-run of other rows)."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if old.get("status") == "ok" and old.get("sweep") and old["sweep"] != sweep and not newer(old):
+        write_atomic(path.parent / EARLIER / f"{path.stem}.{old['sweep']}.json", path.read_text())
+
+
+def earlier(results_dir: Path, key: str, machine: str, sweep: str) -> Record | None:
+    """This machine's `ok` record of cell `key` made in `sweep`, where a later sweep replaced it; else None."""
+    path = run_path(results_dir, key, machine).parent / EARLIER / f"{key}.{sweep}.json"
+    return read(path) if path.exists() else None
 
 
 def writable(results_dir: Path, machine: str) -> None:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from suite.config.files import write_atomic
+from suite.measure.contention import contended
 from suite.report import tables
 
 
@@ -40,7 +41,7 @@ def slug(title: str) -> str:
 def figure_of_sections(exp, results_dir, name: str, draw, dpi: int = 120) -> list[Path]:
     """One figure of every profile/device section with records (tables.sections: (title, cells, records) each):
     draw(sections) makes it (None: nothing to draw) and it is saved as <name>; nothing without records."""
-    sections = tables.sections(exp, Path(results_dir))
+    sections = tables.sections(exp, Path(results_dir), variants=False)
     fig = draw(sections) if sections else None
     return [] if fig is None else [save(fig, results_dir, name, dpi)]
 
@@ -49,7 +50,7 @@ def figure_per_section(exp, results_dir, name: str, draw, dpi: int = 120) -> lis
     """A figure per profile/device section with records: draw(title, cells, records) makes it (None: nothing to
     draw) and it is saved as <name>_<the title's slug>."""
     paths = []
-    for title, cells, records in tables.sections(exp, Path(results_dir)):
+    for title, cells, records in tables.sections(exp, Path(results_dir), variants=False):
         fig = draw(title, cells, records)
         if fig is not None:
             paths.append(save(fig, results_dir, f"{name}_{slug(title)}", dpi))
@@ -66,6 +67,7 @@ def grid_and_legend(ax, fontsize: float) -> None:
 README_WIDTH_IN = 7.5  # inches at DPI: about 800 pixels, what a README shows without scaling
 DPI = 110
 PARTIAL = {"hatch": "///", "alpha": 0.55}  # how a row measured in fewer rounds than planned is drawn
+CONTENDED = {"facecolor": "none", "linewidth": 1.4}  # and one timed on a busy machine: hollow
 
 
 def short(title: str) -> str:
@@ -77,16 +79,19 @@ def short(title: str) -> str:
     return f"{machine} · {profile}" + (" · counted" if "counted" in rest else "")
 
 
-def legend_below(ax, with_partial: bool = False) -> None:
+def legend_below(ax, with_partial: bool = False, with_contended: bool = False) -> None:
     """The legend under the axes, outside the data, one entry a label, with the hatching's meaning where a partial
-    row is drawn."""
+    row is drawn and the hollow bars' where a contended one is."""
+    from matplotlib.patches import Patch
+
     handles, labels = ax.get_legend_handles_labels()
     seen = dict(zip(labels, handles))
     if with_partial:
-        from matplotlib.patches import Patch
-
         hatched = Patch(facecolor="white", edgecolor="grey", hatch=PARTIAL["hatch"])
         seen["hatched: partial (fewer timing rounds than planned)"] = hatched
+    if with_contended:
+        hollow = Patch(edgecolor="grey", **CONTENDED)
+        seen["hollow: contended (timed on a busy machine; the table shows no ratio)"] = hollow
     if seen:
         ax.legend(
             list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(0, -0.1), fontsize=8, frameon=False
@@ -97,24 +102,36 @@ def partial(rec) -> bool:
     return bool(rec) and str(rec.get("status", "")).startswith("partial")
 
 
+def section_colours(secs) -> dict[str, str]:
+    """One colour per section (its legend label: machine, profile), the same in every figure of a table."""
+    labels = dict.fromkeys(short(title) for title, _, _ in secs)
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
+
+
+def contended_rec(rec) -> bool:
+    return bool(rec) and contended(rec.get("metrics") or {})
+
+
 def ratio_figures(exp, results_dir: Path) -> list[Path]:
     """One figure per ratio the table takes (`<experiment>_<metric>.png`): each row's ratio to the baseline row, a
-    bar per machine section that has such a ratio (partial rows hatched), the paper's ratio marked beside."""
-    secs = tables.sections(exp, Path(results_dir))
+    bar per machine section that has such a ratio (partial rows hatched, contended ones hollow), the paper's ratio
+    marked beside."""
+    secs = tables.sections(exp, Path(results_dir), variants=False)
+    colours = section_colours(secs)
     out = []
     for metric in [m for m in exp.metrics if m.ratio]:
-        fig = _ratio_figure(exp, secs, metric)
+        fig = _ratio_figure(exp, secs, metric, colours)
         if fig is not None:
             out.append(save(fig, results_dir, f"{exp.name}_{metric.key}", DPI))
     return out
 
 
-def _ratio_figure(exp, secs, metric):
+def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     key = f"{metric.key} x{exp.baseline}"
     names: list[str] = []
     series, paper = [], {}
     for title, cells, records in secs:
-        cols, rows = tables.table_rows(exp, cells, records)
+        cols, rows = tables.table_rows(exp, cells, records, busy_ratios=True)
         ours = {r[0]: (r[cols.index(f"{key} ours")], rec) for r, rec in zip(rows, records)}
         for r in rows:
             if r[0] not in names:
@@ -130,13 +147,15 @@ def _ratio_figure(exp, secs, metric):
     fig, ax = plt.subplots(figsize=(README_WIDTH_IN, height))
     width = 0.8 / len(series)
     for k, (label, ours) in enumerate(series):
+        ax.barh([], [], color=colours[label], label=label)  # the section's legend entry: solid, whatever its bars
         for i, name in enumerate(names):
             value, rec = ours.get(name, (None, None))
             if value is None:
                 continue
             y = i + k * width
-            style = PARTIAL if partial(rec) else {}
-            ax.barh(y, value, width, color=f"C{k}", edgecolor=f"C{k}", **style, label=label)
+            style = {**(PARTIAL if partial(rec) else {}), **(CONTENDED if contended_rec(rec) else {})}
+            style.setdefault("facecolor", colours[label])
+            ax.barh(y, value, width, edgecolor=colours[label], **style)
     ys = [i + 0.4 - width / 2 for i in range(len(names))]
     marked = [(v, y) for name, y in zip(names, ys) if (v := paper.get(name)) is not None]
     if marked:
@@ -147,5 +166,6 @@ def _ratio_figure(exp, secs, metric):
     ax.set_xlabel(f"{metric.label} / {exp.baseline}", fontsize=9)
     ax.set_title(f"{exp.title.split(':')[0]}: {metric.label} against {exp.baseline}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    legend_below(ax, any(partial(rec) for _, ours in series for _, rec in ours.values()))
+    drawn = [rec for _, ours in series for value, rec in ours.values() if value is not None]
+    legend_below(ax, any(partial(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn))
     return fig

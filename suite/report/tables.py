@@ -22,7 +22,7 @@ from suite.measure.contention import contended
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
 from suite.records.schema import Record, metrics_of
-from suite.records.store import all_records, machine_of
+from suite.records.store import all_records, earlier, machine_of
 
 
 @dataclass
@@ -133,9 +133,12 @@ def has_busy(records: list[Record | None]) -> bool:
     return any("device_busy" in metrics_of(r) for r in records)
 
 
-def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False) -> list[Any]:
+def _values(
+    exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False, busy_ratios: bool = False
+) -> list[Any]:
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
     metrics = metrics_of(rec)
+    base_rec = (rec or {}).get("reference") or base_rec  # a row of an earlier sweep: that sweep's reference (sections)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
     # A row timed on a busy machine, or against a baseline that was, shows its figures but no ratio of a rate
     # (its memory ratios stand: load does not change what a step allocates).
@@ -150,7 +153,7 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy
         )
     line: list[Any] = [
         cell.row.name,
-        cell.row.method,
+        cell.run.method,  # what ran (a variant's method where it set one)
         *[cell.row.labels.get(c, "") for c in exp.label_columns],
         shown,
         rec.get("sweep") if rec else None,
@@ -175,7 +178,10 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy
             base = metrics_of(base_rec)
             b_ours = (
                 _num(base.get(m.key))
-                if base_rec and measured(base_rec["status"], oom=False) and same_sweep and not (busy and m.key in RATES)
+                if base_rec
+                and measured(base_rec["status"], oom=False)
+                # load never changes what a step allocates; a busy row's rate ratio only where asked (figures)
+                and not (m.key in RATES and ((busy and not busy_ratios) or not same_sweep))
                 else None
             )
             b_paper = paper_number(base_row.paper.get(m.key)) if base_row else None
@@ -193,13 +199,16 @@ def measured(status: str, oom: bool = True) -> bool:
     return status == "ok" or (oom and status == "oom") or status.startswith("partial")
 
 
-def table_rows(exp, cells, records: list[Record | None]) -> tuple[list[str], list[list[Any]]]:
-    """Column names and rows of one section; ratios only among rows of the baseline's sweep."""
+def table_rows(
+    exp, cells, records: list[Record | None], busy_ratios: bool = False
+) -> tuple[list[str], list[list[Any]]]:
+    """Column names and rows of one section; rate ratios only among rows of one sweep, and of a row timed on a busy
+    machine only with `busy_ratios` (a figure, which marks them: the table shows none)."""
     base_idx = next((i for i, c in enumerate(cells) if c.row.name == exp.baseline), None)
     base_rec = records[base_idx] if base_idx is not None else None
     base_row = cells[base_idx].row if base_idx is not None else None
     flops, busy = has_flops(records), has_busy(records)
-    rows = [_values(exp, cell, rec, base_rec, base_row, flops, busy) for cell, rec in zip(cells, records)]
+    rows = [_values(exp, c, rec, base_rec, base_row, flops, busy, busy_ratios) for c, rec in zip(cells, records)]
     return [c.name for c in columns(exp, flops, busy)], rows
 
 
@@ -227,10 +236,20 @@ def _sweep_note(exp, cells, records) -> str:
             f"Ratios are to the `{exp.baseline}` row, ours and the paper's. These records predate sweep ids: "
             "the ratios assume the rows came from one run, which the records cannot confirm."
         )
-    others = [c.row.name for c, r in zip(cells, records) if r and r.get("sweep") != sweep]
-    note = f"Ratios are to the `{exp.baseline}` row, ours and the paper's, among rows of its sweep `{sweep}` only"
-    if others:
-        note += f"; {', '.join(f'`{n}`' for n in others)} came from other sweeps and show no ratio"
+    others = [(c.row.name, r) for c, r in zip(cells, records) if r and r.get("sweep") != sweep]
+    note = (
+        f"Ratios are to the `{exp.baseline}` row, ours and the paper's; a rate's only among rows of one sweep (the "
+        f"reference's here: `{sweep}`), a memory ratio whatever the sweep (load does not change what a step allocates)"
+    )
+    kept = [f"`{n}`" for n, r in others if r.get("reference")]
+    lost = [f"`{n}`" for n, r in others if not r.get("reference")]
+    if kept:
+        note += (
+            f"; {', '.join(kept)} came from earlier sweeps and take their rate ratios to the reference measured in "
+            "their own (kept in runs/<machine>/earlier/)"
+        )
+    if lost:
+        note += f"; {', '.join(lost)} came from other sweeps with no reference of theirs kept, and show no rate ratio"
     return note + "."
 
 
@@ -397,11 +416,13 @@ def _definitions_only():
             os.environ[paths.GLUE_DIR_ENV] = saved
 
 
-def sections(exp, results_dir: Path, warn=print) -> list[tuple[str, list, list[dict | None]]]:
-    """Every (machine, profile, device, variant) this experiment has records for, each with its rows in order."""
+def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[tuple[str, list, list[dict | None]]]:
+    """Every (machine, profile, device, variant) this experiment has records for, each with its rows in order;
+    without `variants`, those of the table's own rows only, as its figures draw them: none of a sweep whose --set
+    changed what its rows run (a method, a precision, an option: Experiment.variant_pairs)."""
     groups: dict[tuple, dict[str, dict]] = {}
     for rec in all_records(results_dir, warn):
-        if rec.get("experiment") != exp.name:
+        if rec.get("experiment") != exp.name or (not variants and (rec.get("config") or {}).get("variant")):
             continue
         key = (rec.get("profile"), machine_of(rec), rec.get("device_type"), rec.get("variant") or "")
         prev = groups.setdefault(key, {}).get(rec["row"])
@@ -415,8 +436,13 @@ def sections(exp, results_dir: Path, warn=print) -> list[tuple[str, list, list[d
         with _definitions_only():
             rows = {r.name: r for r in exp.rows(profile)}
         cells, records = [], []
+        base = by_row.get(exp.baseline)
         for name, row in rows.items():
             rec = by_row.get(name)
+            if rec and base and rec.get("sweep") and rec["sweep"] != base.get("sweep") and name != exp.baseline:
+                # a row of an earlier sweep takes its ratios to that sweep's reference, where one was kept
+                ref = earlier(results_dir, base["key"], machine, rec["sweep"])
+                rec = {**rec, "reference": ref} if ref is not None else rec
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
             cells.append(Cell(exp.name, row, run, profile))
             records.append(rec)
