@@ -90,7 +90,6 @@ def _target_bars(secs):
     fig, ax = plots.pyplot().subplots(figsize=(plots.README_WIDTH_IN, 3.6))
     width = 0.8 / len(bars)
     for k, (label, ratios) in enumerate(bars):
-        ax.bar([], [], color=colours[label], label=label)  # the section's legend entry: solid, whatever its bars
         for i, (value, part, busy) in enumerate(ratios):
             if value is not None:
                 style = {**(plots.PARTIAL if part else {}), **(plots.CONTENDED if busy else {})}
@@ -102,7 +101,8 @@ def _target_bars(secs):
     ax.set_title("Table 3: L2L-CMP against AMP recomputing per layer (whole model on the device)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     drawn = [r for _, ratios in bars for r in ratios if r[0] is not None]
-    plots.legend_below(ax, any(part for _, part, _ in drawn), any(busy for _, _, busy in drawn))
+    shown = {label: colours[label] for label, _ in bars}
+    plots.legend_below(ax, any(part for _, part, _ in drawn), any(busy for _, _, busy in drawn), shown)
     return fig
 
 

@@ -79,13 +79,17 @@ def short(title: str) -> str:
     return f"{machine} · {profile}" + (" · counted" if "counted" in rest else "")
 
 
-def legend_below(ax, with_partial: bool = False, with_contended: bool = False) -> None:
-    """The legend under the axes, outside the data, one entry a label, with the hatching's meaning where a partial
-    row is drawn and the hollow bars' where a contended one is."""
+def legend_below(
+    ax, with_partial: bool = False, with_contended: bool = False, sections: dict[str, str] | None = None
+) -> None:
+    """The legend under the axes, outside the data, one entry a label: each section's colour (`sections`: label
+    to colour, solid whatever its bars), then what the axes label, the hatching's meaning where a partial row is
+    drawn and the hollow bars' where a contended one is."""
     from matplotlib.patches import Patch
 
+    seen = {label: Patch(facecolor=colour, edgecolor=colour) for label, colour in (sections or {}).items()}
     handles, labels = ax.get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
+    seen.update(zip(labels, handles))
     if with_partial:
         hatched = Patch(facecolor="white", edgecolor="grey", hatch=PARTIAL["hatch"])
         seen["hatched: partial (fewer timing rounds than planned)"] = hatched
@@ -147,7 +151,6 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     fig, ax = plt.subplots(figsize=(README_WIDTH_IN, height))
     width = 0.8 / len(series)
     for k, (label, ours) in enumerate(series):
-        ax.barh([], [], color=colours[label], label=label)  # the section's legend entry: solid, whatever its bars
         for i, name in enumerate(names):
             value, rec = ours.get(name, (None, None))
             if value is None:
@@ -167,5 +170,6 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     ax.set_title(f"{exp.title.split(':')[0]}: {metric.label} against {exp.baseline}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     drawn = [rec for _, ours in series for value, rec in ours.values() if value is not None]
-    legend_below(ax, any(partial(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn))
+    shown = {label: colours[label] for label, _ in series}
+    legend_below(ax, any(partial(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn), shown)
     return fig

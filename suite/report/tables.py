@@ -140,6 +140,8 @@ def _values(
     metrics = metrics_of(rec)
     base_rec = (rec or {}).get("reference") or base_rec  # a row of an earlier sweep: that sweep's reference (sections)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
+    # A memory ratio across sweeps, never across code: what a step allocates is the code's, not the machine's load
+    same_code = bool(rec and base_rec and _code(rec) is not None and _code(rec) == _code(base_rec))
     # A row timed on a busy machine, or against a baseline that was, shows its figures but no ratio of a rate
     # (its memory ratios stand: load does not change what a step allocates).
     busy = contended(metrics) or contended(metrics_of(base_rec))
@@ -180,8 +182,8 @@ def _values(
                 _num(base.get(m.key))
                 if base_rec
                 and measured(base_rec["status"], oom=False)
-                # load never changes what a step allocates; a busy row's rate ratio only where asked (figures)
-                and not (m.key in RATES and ((busy and not busy_ratios) or not same_sweep))
+                and (same_sweep or (same_code and m.key not in RATES))
+                and not (m.key in RATES and busy and not busy_ratios)  # a busy row's only where asked (figures)
                 else None
             )
             b_paper = paper_number(base_row.paper.get(m.key)) if base_row else None
@@ -192,6 +194,10 @@ def _values(
                 line.append(own[0] <= theirs[1] and theirs[0] <= own[1] if apart else None)
             line.append(paper_number(paper) / b_paper if paper_number(paper) is not None and b_paper else None)
     return line
+
+
+def _code(rec: Record) -> str | None:
+    return (rec.get("provenance") or {}).get("code")
 
 
 def measured(status: str, oom: bool = True) -> bool:
@@ -239,7 +245,8 @@ def _sweep_note(exp, cells, records) -> str:
     others = [(c.row.name, r) for c, r in zip(cells, records) if r and r.get("sweep") != sweep]
     note = (
         f"Ratios are to the `{exp.baseline}` row, ours and the paper's; a rate's only among rows of one sweep (the "
-        f"reference's here: `{sweep}`), a memory ratio whatever the sweep (load does not change what a step allocates)"
+        f"reference's here: `{sweep}`), a memory ratio among rows of one code whatever the sweep (load does not "
+        "change what a step allocates)"
     )
     kept = [f"`{n}`" for n, r in others if r.get("reference")]
     lost = [f"`{n}`" for n, r in others if not r.get("reference")]
