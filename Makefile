@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	DS_BUILD_OPS=0 $(PY) -m pip install -q -e '.[test,metrics,lint,peers]'
 	$(PY) -m suite.harness.fused_lamb
+	$(PY) -m methods.peers.deepspeed_ops
 	touch $(STAMP)
 
 # ruff (lint and format) and import-linter (the layer contract in pyproject.toml); `make test` runs it first.
@@ -112,8 +113,13 @@ gpu-precount: $(MIMIC_STAMP)
 list: $(STAMP)
 	$(PY) -m suite list
 
+# On a CPU a table's single-rank cells share one long-lived worker process (its isolation is tested on the CPU:
+# tests/test_worker.py), which spares each cell-round a process's start; on a GPU each runs in a fresh process
+# until the worker's CUDA isolation test has passed there (tests/test_campaign_cuda.py). WORKER= runs fresh
+# processes everywhere.
+WORKER ?= $(shell $(PY) -c "import torch; print('' if torch.cuda.is_available() else '--worker')" 2>/dev/null)
 table2 table3 table4 table5 table6: $(STAMP)
-	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(RUN_FLAGS)
+	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(if $(filter time,$(MEASURE)),$(WORKER)) $(RUN_FLAGS)
 
 # GLUE fine-tuning: DATA_DIR is the folder of GLUE TSVs (the `small` profile's default is ../shared/data/glue);
 # TASKS=mrpc,rte runs those tasks' rows only (each cell resumes: a finished one is reused). table7-recipe scores

@@ -8,16 +8,16 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
+from methods.peers import deepspeed_ops
 from methods.peers.group import join
 from methods.peers.layers import RECOMPUTE, Layers
 from suite.config.errors import ConfigError
 from suite.core.registry import Method, Option, StepStats, register
-from suite.harness.builds import extension_builds
 from suite.harness.data import MiniBatch
 from suite.harness.device import scalar
 from suite.harness.optim import Lamb, lr_at, no_decay
 
-INSTALL = "DS_BUILD_OPS=0 pip install -e '.[peers]' (DeepSpeed 0.19.8; its CPU ops build just in time)"
+INSTALL = "DS_BUILD_OPS=0 pip install -e '.[peers]' (DeepSpeed 0.19.8), then python -m methods.peers.deepspeed_ops"
 
 
 class DeepSpeedOffload(Method):
@@ -102,7 +102,7 @@ class DeepSpeedOffload(Method):
         type(self).check_config(run)
         self.rank, self.world = join(run.ranks, device, self.opts["timeout"])
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts it; a one-rank run without torchrun has none
-        self._build_ops()
+        deepspeed_ops.build(deepspeed_ops.wanted(self.opts["host_adam"] == "deepspeed"))  # built at set-up
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
         self.layer_params = [model.layer_named_parameters(i) for i in range(model.num_layers)]
         named = [(n, p) for layer in self.layer_params for n, p in layer]
@@ -131,21 +131,6 @@ class DeepSpeedOffload(Method):
             dist_init_required=False,
         )
         self.step_count = 0
-
-    def _build_ops(self) -> None:
-        """Build (or load) the ops DeepSpeed would build on first use, under the suite's lock on their folders:
-        DeepSpeed builds them under torch's lock file alone, which a build killed half-way leaves behind for every
-        later cell to wait on until its timeout; under the suite's lock it is known to be stale and removed. No
-        collective runs meanwhile, so the ranks of one cell take their turns."""
-        from deepspeed.accelerator import get_accelerator
-
-        accelerator = get_accelerator()
-        wanted = ["ShareMemCommBuilder"] if accelerator.device_name() == "cpu" else []  # its collectives on a CPU
-        wanted += ["CPUAdamBuilder"] if self.opts["host_adam"] == "deepspeed" else []
-        builders = [b for b in map(accelerator.create_op_builder, wanted) if b is not None and b.is_compatible(False)]
-        with extension_builds(tuple(b.name for b in builders)):
-            for builder in builders:
-                builder.load(verbose=False)
 
     def step(self, batch: MiniBatch) -> StepStats:
         m, denom = self.run.num_micro_batches, batch.size * self.world
