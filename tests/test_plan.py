@@ -200,3 +200,28 @@ def test_a_twin_that_finished_badly_gives_the_row_its_status_and_across_nodes_a_
     assert got["status"] == "oom" and got["error"] == "out of memory" and got["reused_from"]["key"] == c3.key
     across = dataclasses.replace(t4, nodes=Nodes(2, 0, "127.0.0.1:29500"))
     assert same_as(across, c4, "m") is None
+
+
+def test_a_count_made_on_another_cpu_by_the_same_code_and_versions_is_reused(tmp_path, rows):
+    """Counts run on fake tensors: a new machine takes another's count of the same cell where the code and torch's
+    and transformers' versions are the same (no re-count on every CPU fingerprint), and counts again where not."""
+    from suite.measure.provenance import versions
+
+    req = SweepRequest(
+        make_experiment(rows), "tiny", only=["done"], results_dir=tmp_path, wandb_mode="off", measure="count"
+    )
+    (cell,) = expand(req)
+    torch_v, transformers_v = versions()
+    prov = {"methodology": "1", "code": code_digest(), "torch": torch_v, "transformers": transformers_v}
+    counted = {"status": "ok", "metrics": {"memory_gb": 1.5}, "error": None, "provenance": prov}
+    Recorder(req, {"slug": "cpu-a"}, "s", print).save(cell, counted)
+    seen = []
+    (d,) = plan(req, [cell], "cpu-b", seen.append).decisions
+    assert d.action == REUSED and d.outcome["metrics"]["memory_gb"] == 1.5 and "counted on cpu-a" in d.why
+    assert any("reused, not counted again" in s for s in seen)
+    Recorder(req, {"slug": "cpu-a"}, "s", print).save(cell, {**counted, "provenance": {**prov, "torch": "2.0.0"}})
+    assert plan(req, [cell], "cpu-b", print).decisions[0].action == RUN  # another torch: counted again
+    timed = SweepRequest(req.experiment, "tiny", only=["done"], results_dir=tmp_path, wandb_mode="off")
+    (t,) = expand(timed)
+    Recorder(timed, {"slug": "cpu-a"}, "s", print).save(t, {**counted, "provenance": prov})
+    assert plan(timed, [t], "cpu-b", print).decisions[0].action == RUN  # a timing is its machine's alone

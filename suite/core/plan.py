@@ -17,10 +17,10 @@ from suite.core.kinds import is_timed
 from suite.core.request import SweepRequest
 from suite.core.rounds import resumable
 from suite.core.schedule import by_shape
-from suite.measure.provenance import code_digest
+from suite.measure.provenance import code_digest, versions
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
-from suite.records.schema import Outcome, failed
+from suite.records.schema import Outcome, Record, failed
 
 COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
 
@@ -258,12 +258,33 @@ def _decide(
     if cached and cached["status"] in store.FINISHED and not req.force:
         progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key})")
         return Decision(cell, REUSED, f"{cached['status']} on {machine}", cached)
+    if (
+        cached is None
+        and not req.force
+        and cell.spec.on_host
+        and (same := counted_alike(req, cell, machine)) is not None
+    ):
+        why = f"counted on {store.machine_of(same)} by this code under the same torch and transformers"
+        progress(f"{tag}: {same['status']} ({why}: reused, not counted again)")
+        return Decision(cell, REUSED, why, same)
     if (why := not_run_reason(cell, req.measure, unavailable)) is not None:
         return Decision(cell, NOT_RUN, why)
     planned = p.planned(cell)
     if len(kept) >= planned:
         return Decision(cell, COMPLETE, resumed=kept)
     return Decision(cell, RESUME if kept else RUN, resumed=kept, rounds=planned - len(kept))
+
+
+def counted_alike(req: SweepRequest, cell: Cell, machine: str) -> Record | None:
+    """Another machine's finished count of `cell` made by this code (provenance.code) under this torch and
+    transformers: a count runs on fake tensors, so what decides it is the code, the cell's config (its shapes and
+    counting device, in its key) and those versions, never the CPU; a new machine reuses it. None where none is."""
+    mine = {"code": code_digest(), **dict(zip(("torch", "transformers"), versions()))}
+    for rec in store.elsewhere(req.results_dir, cell.key, machine):
+        prov = rec.get("provenance") or {}
+        if rec["status"] in store.FINISHED and all(prov.get(k) == v for k, v in mine.items()):
+            return rec
+    return None
 
 
 def _with_reference(req: SweepRequest, cells: list[Cell], p: Plan, progress: Callable[[str], None]) -> None:

@@ -124,6 +124,13 @@ def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Itera
             yield rec
 
 
+def elsewhere(results_dir: Path, key: str, machine: str) -> Iterator[Record]:
+    """Other machines' records of cell `key` (a count's, which no machine's load or CPU decides)."""
+    for path in sorted((results_dir / "runs").glob(f"*/{key}.json")):
+        if path.parent.name != machine and (rec := read(path, lambda line: None)) is not None:
+            yield rec
+
+
 def machine_of(record: Record) -> str:
     """The slug of the machine a record came from; records made before fingerprints are named by their provenance."""
     if record.get("machine", {}).get("slug"):
