@@ -66,7 +66,9 @@ class ModelConfig:
     def resolved(self) -> "ModelConfig":
         """Fill every size from the preset; explicit values win."""
         if self.family not in FAMILIES:
-            raise ConfigError(f"model.family={self.family!r} is not one of {list(FAMILIES)}")
+            raise ConfigError(
+                f"model.family={self.family!r} is not one of {list(FAMILIES)}{did_you_mean(self.family, FAMILIES)}"
+            )
         if self.preset not in PRESETS:
             raise ConfigError(
                 f"model.preset={self.preset!r} is not one of {sorted(PRESETS)}{did_you_mean(self.preset, PRESETS)}"
@@ -95,7 +97,9 @@ class ModelConfig:
             if getattr(out, k) < 1:
                 raise ConfigError(f"model.{k} must be >= 1, got {getattr(out, k)}")
         if out.pooling not in POOLINGS:
-            raise ConfigError(f"model.pooling={out.pooling!r} is not one of {list(POOLINGS)}")
+            raise ConfigError(
+                f"model.pooling={out.pooling!r} is not one of {list(POOLINGS)}{did_you_mean(out.pooling, POOLINGS)}"
+            )
         if out.pooling != "cls" and out.family != "bert":
             raise ConfigError(f"model.pooling={out.pooling!r} applies to model.family='bert' only, not {out.family!r}")
         for k in ("dropout", "attention_dropout"):
@@ -147,7 +151,9 @@ class RunConfig:
         ):
             value = getattr(self, name)
             if value not in choices:
-                raise ConfigError(f"{name}={value!r} is not one of {list(choices)}")
+                raise ConfigError(
+                    f"{name}={value!r} is not one of {list(choices)}{did_you_mean(str(value), map(str, choices))}"
+                )
         for name in ("micro_batch_size", "num_micro_batches", "seq_len", "steps", "ranks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -37,7 +37,8 @@ class Option:
             except (KeyError, ValueError):
                 raise ConfigError(f"--set {key}={value!r}: expected {typ.__name__}") from None
         if self.choices and value not in self.choices:
-            raise ConfigError(f"--set {key}={value!r} is not one of {list(self.choices)}")
+            hint = did_you_mean(str(value), map(str, self.choices))
+            raise ConfigError(f"--set {key}={value!r} is not one of {list(self.choices)}{hint}")
         return value
 
 
