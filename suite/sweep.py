@@ -27,6 +27,10 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     cells, records = [c for c, _ in pairs], [r for _, r in pairs]
     exp = req.experiment
     render(exp, req.results_dir, progress)
+    mine = next((r for r in records if r and r.get("machine")), None)
+    if mine is not None:  # where this call's rows are among the page's sections (each machine's, each variant's)
+        title = tables.section_title(mine["profile"], mine["machine"]["slug"], mine["device_type"], mine["variant"])
+        progress(f"this machine's rows: section '{title}' of {req.results_dir / (exp.name + '.md')}")
     busy = [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})]
     if busy:  # never silent: one line naming them and the command that measures them again
         progress(

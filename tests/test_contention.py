@@ -72,7 +72,9 @@ def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_p
     assert _cell(tmp_path, "b", "status") == "ok, contended"
     assert _cell(tmp_path, "b", "throughput xa ours") == "—"  # a rate's ratio: not shown
     assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # memory's stands
-    assert "`contended`: the machine was busy" in (tmp_path / "trust-test.md").read_text()
+    md = (tmp_path / "trust-test.md").read_text()
+    (note,) = [ln for ln in md.splitlines() if ln.startswith("`contended` (`a`, `b`): the machine was busy")]
+    assert len(note) < 500 and "<summary>why each is contended (2 rows)</summary>" in md  # the details folded
     (line,) = [m for m in said if m.startswith("contended")]
     assert line.endswith("--only a --only b --force")
 

@@ -71,6 +71,9 @@ def test_the_plan_decides_each_cell_before_anything_runs(tmp_path, rows, monkeyp
     assert p.of(NOT_RUN)[0].why == "method 'not-a-method-yet' is not registered yet"
     assert [c.row.name for c in p.todo] == ["half", "new"] and len(p.of(RESUME)[0].resumed) == 1
     assert p.sweep == "old-sweep"  # the rounds go on in their sweep
+    # progress numbers what runs, among what runs: [1/2] and [2/2], not [3/5] and [5/5]
+    assert [p.tags[c.key].split(" ")[0] for c in p.todo] == ["[1/2]", "[2/2]"]
+    assert p.tags[cells["done"].key].startswith("runner-test/done (grad_accum")
     assert [[c.row.name for c in cells] for cells in p.passes()] == [["new"], ["half", "new"]]  # half waits a pass
     forced = plan(
         SweepRequest(req.experiment, "tiny", results_dir=tmp_path, force=True), list(cells.values()), "m", print

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -11,3 +12,17 @@ RESULTS_DIR = Path(os.environ.get("SUITE_RESULTS_DIR", os.path.join(ROOT, "resul
 # The folder of GLUE TSVs a run reads (`--data-dir`, `make table7 DATA_DIR=...`), inherited by its cells. A table
 # is rendered without it: a section shows what its records and the definitions say, not what one run's folder made.
 GLUE_DIR_ENV = "SUITE_GLUE_DIR"
+
+# How the pages and the committed tables write a command of the suite's: the interpreter `make setup` makes.
+DOCUMENTED_SUITE = ".venv/bin/python -m suite"
+
+
+def suite_command() -> list[str]:
+    """This process's way to run the suite, for a command it prints to be run as it is: its interpreter (relative to
+    the current folder where it lies under it, e.g. .venv/bin/python), then -m suite."""
+    exe = Path(sys.executable)
+    try:
+        exe = exe.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return [str(exe), "-m", "suite"]

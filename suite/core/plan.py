@@ -211,9 +211,8 @@ def plan(
     capped cells first (SweepRequest.precount), `past_cap`: the outcome of each of the given cells its count puts
     past its cap (suite.core.runner.counted_past_cap on the machine itself; the estimate's stored counts)."""
     p = Plan(new_sweep_id(), rounds=req.rounds, grouped=req.worker and req.measure == "time")
-    for i, cell in enumerate(cells, 1):
-        name = f"{req.experiment.name}/{cell.row.name}"
-        p.tags[cell.key] = f"[{i}/{len(cells)}] {name} ({cell.row.method}, {req.profile})"
+    for cell in cells:  # named as decided; numbered below among the cells that run
+        p.tags[cell.key] = f"{req.experiment.name}/{cell.row.name} ({cell.run.method}, {req.profile})"
         p.decisions.append(_decide(req, cell, machine, p, progress, unavailable))
     _with_reference(req, cells, p, progress)
     if past_cap is not None and req.precount and req.measure == "time":
@@ -221,6 +220,9 @@ def plan(
         for d in p.of(*RUNS):
             if d.cell.key in counted:
                 d.action, d.outcome, d.rounds = PAST_CAP, counted[d.cell.key], 0
+    todo = p.todo
+    for k, cell in enumerate(todo, 1):
+        p.tags[cell.key] = f"[{k}/{len(todo)}] {p.tags[cell.key]}"
     return p
 
 

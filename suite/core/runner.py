@@ -9,6 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from suite.config import paths
 from suite.core import launcher, precount, process
 from suite.core.experiment import Cell
 from suite.core.launcher import Fresh, choose
@@ -255,7 +256,7 @@ class Rounds:
     def command(self, cells: list[Cell]) -> str:
         """The command that measures `cells` again as this sweep asked (--force, its profile, settings, rounds)."""
         req = self.req
-        parts = ["python", "-m", "suite", "run", req.experiment.name, "--profile", req.profile, "--force"]
+        parts = [*paths.suite_command(), "run", req.experiment.name, "--profile", req.profile, "--force"]
         parts += ["--rounds", str(req.rounds)] if req.rounds != req.experiment.rounds else []
         parts += ["--timeout", f"{req.timeout:g}"] if req.timeout is not None else []
         parts += ["--device-memory", req.device_memory] if req.device_memory else []
@@ -287,7 +288,9 @@ class Rounds:
         else:  # under --force the earlier record stands until this one is complete
             record = self.recorder.label(cell, merged)
         self.ran, self.spent = self.ran + 1, self.spent + took
-        self.progress(f"{tag}: {record['status']} in {took:.1f}s{self._figures(outcome, record)}{self._left()}")
+        own = outcome.get("duration_s")  # the cell's own time (a count that ran ahead was waited on for none)
+        own = own if isinstance(own, (int, float)) else took
+        self.progress(f"{tag}: {record['status']} in {own:.1f}s{self._figures(outcome, record)}{self._left()}")
         return record
 
     def with_aside(self, cell: Cell, merged: Outcome) -> Outcome:
@@ -332,8 +335,14 @@ class Rounds:
         return "; " + ", ".join(parts) if parts else ""
 
     def _left(self) -> str:
+        """What is left; for timings, about how long at the mean so far (counts vary too widely between cells, and
+        run ahead, to say)."""
         left = self.total - self.ran
-        return f"; {left} cell-round(s) left, about {left * self.spent / self.ran:.0f}s" if left > 0 else ""
+        if left <= 0:
+            return ""
+        if self.req.measure == "count":
+            return f"; {left} cell(s) left"
+        return f"; {left} cell-round(s) left, about {left * self.spent / self.ran:.0f}s at the mean so far"
 
 
 def _path_of(outcome: Outcome) -> str:

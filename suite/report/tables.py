@@ -357,20 +357,29 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
 
 def rerun_command(experiment: str, profile: str, rows: list[str]) -> str:
     """The command that measures `rows` again (with their reference row, suite.core.plan)."""
-    return f"python -m suite run {experiment} --profile {profile} " + " ".join(f"--only {r}" for r in rows) + " --force"
+    only = " ".join(f"--only {r}" for r in rows)
+    return f"{paths.DOCUMENTED_SUITE} run {experiment} --profile {profile} {only} --force"
 
 
 def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
-    """What `contended` means, why each such row is, and the command that measures them again."""
+    """What `contended` means in one short paragraph, the command that measures those rows again, and each row's
+    reasons in one folded list (what the records' `metrics.contention` holds)."""
     busy = [(c, r) for c, r in zip(cells, records) if r and contended(metrics_of(r))]
     if not busy:
         return []
-    why = "; ".join(f"`{c.row.name}`: {', '.join(metrics_of(r)['contention']['reasons'])}" for c, r in busy)
+    names = ", ".join(f"`{c.row.name}`" for c, _ in busy)
+    rerun = rerun_command(exp.name, cells[0].profile, [c.row.name for c, _ in busy])
+    details = [f"- `{c.row.name}`: {'; '.join(metrics_of(r)['contention']['reasons'])}" for c, r in busy]
     return [
-        "`contended`: the machine was busy while the row was timed (suite/measure/contention.py states the bounds), "
-        "so its rates may describe the machine, not the method; their ratios, and every rate's ratio to a "
-        "contended baseline, are not shown (memory ratios are: load does not change what a step allocates). "
-        f"{why}. On an idle machine: `{rerun_command(exp.name, cells[0].profile, [c.row.name for c, _ in busy])}`.",
+        f"`contended` ({names}): the machine was busy while they were timed (the bounds: suite/measure/contention.py), "
+        "so their rates may describe the machine, not the method: no rate ratio of theirs is shown (memory ratios "
+        f"are). On an idle machine: `{rerun}`.",
+        "",
+        f"<details><summary>why each is contended ({len(busy)} rows)</summary>",
+        "",
+        *details,
+        "",
+        "</details>",
         "",
     ]
 
@@ -453,17 +462,31 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
             cells.append(Cell(exp.name, row, run, profile))
             records.append(rec)
-        title = f"{profile} profile on {machine} ({dev} device)" + (f", {variant}" if variant else "")
-        out.append((title, cells, records))
+        out.append((section_title(profile, machine, dev, variant), cells, records))
     return out
+
+
+def section_title(profile: str, machine: str, device: str, variant: str = "") -> str:
+    """A section's title: its profile, machine, device and variant (what a record's own fields name)."""
+    return f"{profile} profile on {machine} ({device} device)" + (f", {variant}" if variant else "")
+
+
+def anchor(title: str) -> str:
+    """The link anchor a Markdown viewer (GitHub's) gives a `## title` heading."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
 def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
     """results/<experiment>.md and .csv, one section per machine, profile, device and variant with records."""
     parts, csv_rows = [], []
-    for title, cells, records in sections(exp, results_dir):
+    secs = sections(exp, results_dir)
+    for title, cells, records in secs:
         md, csv_text = render(exp, cells, records, title)
-        parts.append(md.split("\n", 4)[4] if parts else md)  # the title and source only once
+        if not parts and len(secs) > 1:  # the sections, each a link, under the title and source
+            head, rest = md.split("\n", 4)[:4], md.split("\n", 4)[4]
+            listed = [f"- [{t}](#{anchor(t)})" for t, _, _ in secs]
+            md = "\n".join([*head, f"Sections ({len(secs)}):", "", *listed, "", rest])
+        parts.append(md.split("\n", 4)[4] if parts else md)  # the title, source and sections only once
         lines = list(csv.reader(io.StringIO(csv_text)))
         if not csv_rows:
             csv_rows.append(["section", *lines[0]])
