@@ -90,7 +90,8 @@ def test_re_running_one_row_keeps_every_other_rows_ratios(tmp_path, ran):
     kept = store.earlier(tmp_path, first["baseline-fp32"]["key"], "m", first["baseline-fp32"]["sweep"])
     assert kept["metrics"]["throughput"] == 10.0 and kept["sweep"] == first["l2l-fp32"]["sweep"]
     note = (tmp_path / "table2.md").read_text()
-    assert "`l2l-fp32` came from earlier sweeps and take their rate ratios to the reference measured in their own" in note
+    said = "`l2l-fp32` came from earlier sweeps and take their rate ratios to the reference measured in their own"
+    assert said in note
     # a row of another sweep whose reference was not kept: its memory ratio stands, its rate ratio does not
     kept_path = store.run_path(tmp_path, first["baseline-fp32"]["key"], "m").parent / store.EARLIER
     for path in kept_path.iterdir():
