@@ -80,7 +80,7 @@ def test_re_running_one_row_keeps_every_other_rows_ratios(tmp_path, ran):
     first = {r["row"]: r for r in store.all_records(tmp_path)}
     ran["scale"] = 2.0  # the machine twice as fast now: the re-run's ratios are its own
     sweep(_req(tmp_path, ["l2l-cmp"], force=True), lambda line: None)
-    (title, cells, records), = tables.sections(exp, tmp_path)
+    ((title, cells, records),) = tables.sections(exp, tmp_path)
     cols, rows = tables.table_rows(exp, cells, records)
     row = {r[0]: dict(zip(cols, r)) for r in rows}
     ratio, memory = "throughput xbaseline-fp32 ours", "memory_gb xbaseline-fp32 ours"
@@ -96,7 +96,7 @@ def test_re_running_one_row_keeps_every_other_rows_ratios(tmp_path, ran):
     kept_path = store.run_path(tmp_path, first["baseline-fp32"]["key"], "m").parent / store.EARLIER
     for path in kept_path.iterdir():
         path.unlink()
-    (title, cells, records), = tables.sections(exp, tmp_path)
+    ((title, cells, records),) = tables.sections(exp, tmp_path)
     cols, rows = tables.table_rows(exp, cells, records)
     row = {r[0]: dict(zip(cols, r)) for r in rows}
     assert row["l2l-fp32"][ratio] is None and row["l2l-fp32"][memory] == pytest.approx(0.25)
