@@ -38,7 +38,7 @@ from suite.core.experiment import Cell
 from suite.core.plan import COMPLETE, PAST_CAP, REUSED, RUNS, TWIN, Decision, Plan, expand, plan
 from suite.core.registry import get as get_method
 from suite.core.schedule import pooled, shape_of
-from suite.harness.model import param_count, pool_limit, shape_key
+from suite.harness.model import param_count, pool_limit
 from suite.measure import flops
 from suite.measure.provenance import code_digest
 from suite.records.schema import Outcome, Record, failed
@@ -102,7 +102,9 @@ class CostTable:
             key = (r["experiment"], r["row"], r.get("profile"))
             if r.get("duration_s") and r.get("finished", "") >= self.elsewhere.get(key, {}).get("finished", ""):
                 self.elsewhere[key] = r
-        self.machine = machine_of(recs[0]) if recs else None
+        # the target: the machine of its records, else one whose environment report alone is here (stage 1 ran)
+        reports = sorted(p.parent.name for p in (results_dir / "campaign").glob(f"{device}*/environment.json"))
+        self.machine = machine_of(recs[0]) if recs else (reports[0] if reports else None)
         env = _environment(results_dir, self.machine)
         self.versions = env.get("versions") or {}
         # Counts stored before the campaign (suite.core.precount) speak for the target where made by this code under
@@ -218,18 +220,13 @@ class CostTable:
 
 
 BERT_LARGE_PARAMS = 335_000_000  # where the target has no record: DEFAULT_OVERHEAD_S was its fresh processes' start
-_PARAMS: dict[str, int] = {}
 
 
 def _params(run) -> int:
     """The parameters of a run's model (a RunConfig or its dict), counted once per shape on `meta`."""
     from suite.config.run import RunConfig
 
-    model = (RunConfig.from_dict(run) if isinstance(run, dict) else run).model
-    shape = shape_key(model)
-    if shape not in _PARAMS:
-        _PARAMS[shape] = param_count(model)
-    return _PARAMS[shape]
+    return param_count((RunConfig.from_dict(run) if isinstance(run, dict) else run).model)
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:

@@ -36,7 +36,7 @@ class Launches:
         pass
 
 
-def _seed(results_dir, monkeypatch):
+def _seed(results_dir, monkeypatch, stage):
     """The target's records as a campaign finds them: finished cells, a partial one to resume, a reference row of
     an older sweep, counts stored for every capped cell (some past their caps), and no DeepSpeed (as the GPU
     image): the estimate reads its environment report, the runner its own registry."""
@@ -51,29 +51,29 @@ def _seed(results_dir, monkeypatch):
             monkeypatch.setattr(cls, "unavailable", classmethod(lambda c: "deepspeed not installed"))
     prov = {"code": code_digest(), "torch": torch_v, "transformers": transformers_v}
     past = {("table5", "baseline-x16"), ("table5", "stash-gpu-x16"), ("table3", "amp-u1")}
-    for stage in STAGES.values():
-        for s in stage.sweeps:
-            for cell in precount.capped(precount.as_on_gpu(get_experiment(s.experiment), None)):
-                status = "oom" if (cell.experiment, cell.row.name) in past else "ok"
-                precount.save(results_dir, cell, {"status": status, "metrics": {}, "provenance": prov})
-
-    def save(sweep, experiment, row, outcome):
-        s = next(s for st in STAGES.values() for s in st.sweeps if s.experiment == experiment)
-        req = s.request(results_dir=results_dir, as_on_gpu=True)
-        cell = next(c for c in precount.as_on_gpu(req.experiment, [row]))
-        Recorder(req, {"slug": MACHINE}, sweep, print).save(cell, outcome)
-
-    save("old", "table3", "l2l-cmp-u2", _ok())  # finished: reused
+    for s in stage.sweeps:
+        for cell in precount.capped(precount.as_on_gpu(get_experiment(s.experiment), None)):
+            status = "oom" if (cell.experiment, cell.row.name) in past else "ok"
+            precount.save(results_dir, cell, {"status": status, "metrics": {}, "provenance": prov})
     one = [_ok()]
-    save("old", "table3", "amp-rc-u1", {**_ok(), "status": "partial: 1/3 rounds", "round_records": one})  # resumed
-    save("old", "table2", "baseline-fp32", _ok())  # the reference of another sweep: measured again, first
-    save("old", "table2", "l2l-cmp", _ok())
+    records = {
+        "table3": [
+            ("l2l-cmp-u2", _ok()),  # finished: reused
+            ("amp-rc-u1", {**_ok(), "status": "partial: 1/3 rounds", "round_records": one}),  # resumed
+        ],
+        "table2": [("baseline-fp32", _ok()), ("l2l-cmp", _ok())],  # another sweep's reference: measured again
+    }
+    for s in stage.sweeps:
+        req = s.request(results_dir=results_dir, as_on_gpu=True)
+        for row, outcome in records.get(s.experiment, []):
+            (cell,) = precount.as_on_gpu(req.experiment, [row])
+            Recorder(req, {"slug": MACHINE}, "old", print).save(cell, outcome)
 
 
 @pytest.mark.parametrize("number", sorted(n for n, s in STAGES.items() if s.sweeps))
 def test_the_estimate_lists_exactly_the_cells_and_decisions_the_runners_plan_makes(number, tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_MACHINE", MACHINE)
-    _seed(tmp_path, monkeypatch)
+    _seed(tmp_path, monkeypatch, STAGES[number])
     stage = STAGES[number]
     lines = [ln for ln in estimate({number: stage}, MACHINE, results_dir=tmp_path) if ln.decision]
     plans, launched = [], Launches()

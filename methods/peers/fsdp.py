@@ -53,7 +53,7 @@ class FSDPOffload(Method):
             return 0
         from suite.harness.model import param_count
 
-        return 16 * param_count(run.model, run.seed)
+        return 16 * param_count(run.model)
 
     def __init__(self, model, run, device):
         from torch._subclasses.fake_tensor import unset_fake_temporarily

@@ -200,10 +200,17 @@ def build_model(cfg: ModelConfig, seed: int) -> LayeredModel:
     return _build(cfg, seed)
 
 
-def param_count(cfg: ModelConfig, seed: int = 0) -> int:
-    """The model's parameters, from a build on `meta` (sizes only, no memory, never from the pool)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in _build(cfg, seed).parameters())
+def param_count(cfg: ModelConfig) -> int:
+    """The model's parameters, from a build on `meta` (sizes only, no memory, never from the pool), once per shape
+    in a process (a plan's or an estimate's many cells ask for few shapes)."""
+    shape = shape_key(cfg)
+    if shape not in _PARAMS:
+        with torch.device("meta"):
+            _PARAMS[shape] = sum(p.numel() for p in _build(cfg, 0).parameters())
+    return _PARAMS[shape]
+
+
+_PARAMS: dict[str, int] = {}
 
 
 def _build(cfg: ModelConfig, seed: int) -> LayeredModel:

@@ -20,7 +20,7 @@ def params_billion(run) -> float:
     """The parameters of the run's model, from a build on `meta` (sizes only)."""
     from suite.harness.model import param_count
 
-    return param_count(run.model, run.seed) / 1e9
+    return param_count(run.model) / 1e9
 
 
 def search(fits, guess: int, least: int, most: int = 4096) -> int:
