@@ -50,7 +50,9 @@ def _sweep(tmp_path, rows, worker=False, **kw):
     return sweep(req, progress=lambda m: None)
 
 
-@pytest.mark.parametrize("worker", [False, True], ids=["fresh", "worker"])
+@pytest.mark.parametrize(  # a fresh cell process's kill in make test-slow (its exit status: test_a_sigkill_..._oom)
+    "worker", [pytest.param(False, marks=pytest.mark.slow), True], ids=["fresh", "worker"]
+)
 def test_a_kill_9_is_an_error_naming_the_signal_and_the_same_command_measures_it_again(
     tmp_path, plugins, worker, monkeypatch
 ):
