@@ -1,6 +1,9 @@
 """What a GPU campaign will cost before a GPU is lent: each stage's cells with their estimated device seconds.
 
-A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
+Which cells run, and how many rounds, is not decided here: each stage's sweep is planned by the runner's own plan
+(suite.core.plan) from the target's records, with what the target lacks and its stored counts; a cell the plan
+settles without running (reused, a twin's, not run, past its cap, complete) costs nothing, and this module prices
+the rest. A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
 - the step time is the target machine's own record of the cell where one was measured (`measured`), else the
   model's training FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
   (`flops`), else at the median of its records of the same table in the same precision (its shapes: sequence and
