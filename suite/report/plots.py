@@ -8,6 +8,7 @@ from pathlib import Path
 
 from suite.config.files import write_atomic
 from suite.measure.contention import contended
+from suite.records.schema import metrics_of
 from suite.report import tables
 
 
@@ -113,7 +114,7 @@ def section_colours(secs) -> dict[str, str]:
 
 
 def contended_rec(rec) -> bool:
-    return bool(rec) and contended(rec.get("metrics") or {})
+    return bool(rec) and contended(metrics_of(rec))
 
 
 def ratio_figures(exp, results_dir: Path) -> list[Path]:

@@ -482,11 +482,14 @@ def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
     secs = sections(exp, results_dir)
     for title, cells, records in secs:
         md, csv_text = render(exp, cells, records, title)
-        if not parts and len(secs) > 1:  # the sections, each a link, under the title and source
-            head, rest = md.split("\n", 4)[:4], md.split("\n", 4)[4]
+        *head, rest = md.split("\n", 4)  # the title and source, then the section
+        if parts:
+            parts.append(rest)  # the title, source and sections only once
+        elif len(secs) > 1:  # the sections, each a link, under the title and source
             listed = [f"- [{t}](#{anchor(t)})" for t, _, _ in secs]
-            md = "\n".join([*head, f"Sections ({len(secs)}):", "", *listed, "", rest])
-        parts.append(md.split("\n", 4)[4] if parts else md)  # the title, source and sections only once
+            parts.append("\n".join([*head, f"Sections ({len(secs)}):", "", *listed, "", rest]))
+        else:
+            parts.append(md)
         lines = list(csv.reader(io.StringIO(csv_text)))
         if not csv_rows:
             csv_rows.append(["section", *lines[0]])
