@@ -159,18 +159,18 @@ def test_a_failed_build_warns_and_falls_back(monkeypatch):
 
     monkeypatch.setattr(cpp_extension, "load", broken)
     monkeypatch.setenv("SUITE_FUSED_LAMB", "1")
-    fused_lamb.kernel.cache_clear()
+    fused_lamb.compiled.cache_clear()
     try:
         with pytest.warns(UserWarning, match="fused LAMB unavailable.*no compiler here"):
             opt = _lamb_run(True)[3]
         assert not opt.fused
         assert all(torch.equal(a, b) for a, b in zip(_lamb_run(True)[2], _lamb_run(False)[2]))
         monkeypatch.setenv("SUITE_FUSED_LAMB", "require")
-        fused_lamb.kernel.cache_clear()
+        fused_lamb.compiled.cache_clear()
         with pytest.raises(RuntimeError, match="did not build: no compiler here"):
             fused_lamb.kernel()
     finally:
-        fused_lamb.kernel.cache_clear()  # the next caller builds (or loads) the real one
+        fused_lamb.compiled.cache_clear()  # the next caller builds (or loads) the real one
 
 
 @fused
@@ -229,11 +229,11 @@ def test_two_checkouts_of_one_source_share_one_build(tmp_path, monkeypatch):
         src.parent.mkdir()
         src.write_text("// kernel\n" + ("// edited\n" if checkout == "c" else ""))
         monkeypatch.setattr(fused_lamb, "SOURCE", src)
-        fused_lamb.kernel.cache_clear()
+        fused_lamb.compiled.cache_clear()
         try:
             assert fused_lamb.kernel() is not None
         finally:
-            fused_lamb.kernel.cache_clear()
+            fused_lamb.compiled.cache_clear()
     (a, b, c) = built
     assert a == b and c[0] != a[0] and c[1] != a[1]
     assert a[1][0].startswith(str(tmp_path / "ext" / "memtrain-sources")) and Path(a[1][0]).read_text() == "// kernel\n"

@@ -124,3 +124,24 @@ def test_a_cell_that_changes_torchs_process_settings_leaves_the_next_cell_untouc
     assert pooled_["provenance"]["worker"]["job"] == 2  # after the unsettling cell, in the same process
     assert pooled_["provenance"]["threads"] == fresh["provenance"]["threads"]
     assert pooled_["metrics"]["final_loss"] == fresh["metrics"]["final_loss"]
+
+
+def test_a_cell_records_only_the_host_lamb_it_asked_for():
+    """What a worker runs, in one process: a LAMB cell (its optimizer asks for the host's fused kernel), then an
+    AdamW cell, which asks for nothing: its record must not claim the first cell's kernel. The H200's isolation test
+    (2026-11-27) found a worker's FP32 cell recording `host_lamb: fused` after an L2L-CMP cell: the status was the
+    process's, not the cell's."""
+    import dataclasses
+
+    from suite.config.run import RunConfig
+    from suite.core.cell import execute
+
+    def payload(optimizer):
+        run = dataclasses.replace(RunConfig(), method="grad_accum", optimizer=optimizer, seq_len=16, steps=1, warmup=0)
+        run = dataclasses.replace(run, micro_batch_size=2, model=dataclasses.replace(run.model, layers=1, hidden=32))
+        return {"run": run.validate().to_dict(), "kind": "throughput", "profile": "tiny"}
+
+    lamb, adamw = execute(payload("lamb")), execute(payload("adamw"))
+    assert lamb["status"] == adamw["status"] == "ok", (lamb["error"], adamw["error"])
+    assert lamb["provenance"]["harness"]["host_lamb"] == "fused"
+    assert "host_lamb" not in adamw["provenance"]["harness"], adamw["provenance"]["harness"]

@@ -110,20 +110,35 @@ def _kill_session(sid: int) -> None:
         pass
 
 
+_asked = [False]  # whether the running cell asked for the kernel (reset() per cell: a worker's cells say their own)
+
+
+def reset() -> None:
+    """Forget that the kernel was asked for: each cell records only its own (suite/core/cell.execute calls it)."""
+    _asked[0] = False
+
+
 def status() -> str | None:
     """What the host's LAMB ran with, for the record: 'fused', 'foreach (fallback: why)', 'foreach
-    (SUITE_FUSED_LAMB=0)'; None where nothing asked for the fused kernel in this process."""
-    if not kernel.cache_info().currsize:
+    (SUITE_FUSED_LAMB=0)'; None where nothing asked for the fused kernel since the last reset()."""
+    if not _asked[0]:
         return None
-    if kernel() is not None:
+    if compiled() is not None:
         return "fused"
     return f"foreach (fallback: {_why[0]})" if _why else "foreach (SUITE_FUSED_LAMB=0)"
 
 
-@functools.cache
 def kernel():
     """The compiled module (`lamb_step`), or None where it cannot be built (the caller falls back to foreach
-    LAMB). SUITE_FUSED_LAMB=0 turns it off; =require makes a failed build an error (docs/host-optimizer.md)."""
+    LAMB); the running cell's record then names it (status())."""
+    _asked[0] = True
+    return compiled()
+
+
+@functools.cache
+def compiled():
+    """The module, built or loaded once per process. SUITE_FUSED_LAMB=0 turns it off; =require makes a failed build
+    an error (docs/host-optimizer.md)."""
     mode = os.environ.get("SUITE_FUSED_LAMB", "1")
     if mode not in ("0", "1", "require"):
         warnings.warn(f"SUITE_FUSED_LAMB={mode!r} is not one of 0, 1, require; taken as 1", stacklevel=2)
