@@ -199,6 +199,24 @@ def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tm
     assert "more than the stage's whole budget: give --budget 1100 or more" in line and not report.done
 
 
+def test_a_pytest_step_cut_at_the_deadline_is_left_for_the_next_call(tmp_path, monkeypatch):
+    """The H200's stage 1 (2026-11-27) cut counted against measured at its deadline and listed nothing left: a cut
+    part is named in `left`, as the cuda tests' is."""
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    monkeypatch.setattr(stages, "STAGES", {9: stages.Stage("parts", bench=True, counted=True)})
+    monkeypatch.setattr(stage, "estimate", lambda *a, **k: [])
+    real = stage.fingerprint
+    monkeypatch.setattr(stage, "fingerprint", lambda: {**real(), "gpu": {"name": "a GPU"}})
+    cut = {"exit": "timeout", "passed": None, "failed": None, "errors": None, "skipped": None}
+    monkeypatch.setattr(stage, "run_pytest", lambda *a: cut)
+    report = run_stage(StageRequest(9, budget=60.0, results_dir=tmp_path), progress=lambda m: None)
+    assert report.left == [
+        "L2L microbenchmarks (cut at the deadline)",
+        "counted against measured (cut at the deadline)",
+    ]
+    assert not report.done
+
+
 def test_a_pytest_step_cut_at_its_limit_reports_what_it_ran_and_never_an_earlier_runs_report(tmp_path, monkeypatch):
     """On the H100 (2026-11-27) stage 1's cuda tests were killed at the deadline and the stage read `18 passed` from
     the JUnit file an earlier run had left: a step now removes it first, interrupts pytest at its limit so that it
