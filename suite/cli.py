@@ -90,6 +90,7 @@ def _run(args) -> int:
         nodes=nodes,
         measure=args.measure,
         worker=args.worker,
+        stale=args.stale,
     )
     records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented") or contended(r["metrics"])]
@@ -214,6 +215,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only this row, or the rows a shell pattern matches ('mrpc-*'); repeatable",
     )
     r.add_argument("--force", action="store_true", help="re-run cells that already finished")
+    stale = r.add_mutually_exclusive_group()
+    stale.add_argument(
+        "--keep-stale",
+        dest="stale",
+        action="store_const",
+        const="keep",
+        default="measure",
+        help="keep finished timed records of another code as they are (by default they are stale: measured again)",
+    )
+    stale.add_argument(
+        "--only-stale",
+        dest="stale",
+        action="store_const",
+        const="only",
+        help="measure only the stale records (finished timed records of another code); leave every other cell",
+    )
     r.add_argument("--device-memory", metavar="SIZE", help="cap the GPU's memory, e.g. 16GiB")
     r.add_argument(
         "--wandb",

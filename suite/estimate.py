@@ -337,7 +337,9 @@ def sweep_plan(s, table: CostTable, rounds: int | None, worker: bool, results_di
 def _settled(d: Decision, table: CostTable) -> str:
     """Why a cell the plan settles without running costs nothing."""
     if d.action == REUSED:
-        return f"its record on {table.machine} reused ({d.outcome['status']})"
+        prov = d.outcome.get("provenance") or {}
+        code = f", code {prov['code']}" if prov.get("code") else ""
+        return f"its record on {table.machine} reused ({d.outcome['status']}{code})"
     if d.action == TWIN:
         return d.why
     if d.action == PAST_CAP:

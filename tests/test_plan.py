@@ -7,7 +7,7 @@ from test_runner import make_experiment
 
 from suite.config.errors import ConfigError
 from suite.core.experiment import Row
-from suite.core.plan import COMPLETE, NOT_RUN, RESUME, REUSED, RUN, TWIN, expand, plan
+from suite.core.plan import COMPLETE, LEFT, NOT_RUN, RESUME, REUSED, RUN, STALE, TWIN, expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
@@ -79,6 +79,75 @@ def test_the_plan_decides_each_cell_before_anything_runs(tmp_path, rows, monkeyp
         SweepRequest(req.experiment, "tiny", results_dir=tmp_path, force=True), list(cells.values()), "m", print
     )
     assert {d.action for d in forced.decisions} == {NOT_RUN, RUN} and forced.sweep != "old-sweep"
+
+
+def test_a_finished_timed_record_of_another_code_is_stale_and_measured_again(tmp_path, rows):
+    """A record's code is part of its currency (issue 51): a finished timed record another code measured (or one
+    that recorded no code) is `stale`, measured again in every round unless the sweep keeps it; `only` measures
+    the stale ones and leaves every other cell as it stands. Counts keep their own rule."""
+    req = SweepRequest(make_experiment(rows), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2)
+    cells = {c.row.name: c for c in expand(req)}
+    rec = Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None)
+    old = {**_outcome(), "provenance": {"methodology": "1", "code": "0123456789abcdef", "commit": "a05344b" * 6}}
+    rec.save(cells["done"], old)
+    rec.save(cells["half"], {**_outcome(), "provenance": {"methodology": "1"}})  # before codes were recorded
+    rec.save(cells["whole"], _outcome())  # this code's
+    seen = []
+    p = plan(req, list(cells.values()), "m", seen.append)
+    got = {d.cell.row.name: (d.action, d.rounds) for d in p.decisions}
+    assert got == {
+        "done": (STALE, 2),
+        "future": (NOT_RUN, 0),
+        "half": (STALE, 2),
+        "whole": (REUSED, 0),
+        "new": (RUN, 2),
+    }
+    said = next(s for s in seen if "done (grad_accum, tiny): stale" in s)
+    assert "measured by code 0123456789abcdef at a05344b; this code is" in said and "--keep-stale" in said
+    assert "(unrecorded)" in p.of(STALE)[1].why
+    assert [c.row.name for c in p.todo] == ["done", "half", "new"]
+    assert p.sweep != "old-sweep"  # measured anew, in a sweep of its own
+    kept = plan(dataclasses.replace(req, stale="keep"), list(cells.values()), "m", seen.append)
+    # kept, save the reference row ("done"), measured again beside the row that runs in a new sweep
+    assert [d.cell.row.name for d in kept.of(REUSED)] == ["half", "whole"] and kept.of(RUN)[0].cell.row.name == "done"
+    assert any("done (grad_accum, tiny): ok (cached on m" in s and "stale: measured by code" in s for s in seen)
+    only = plan(dataclasses.replace(req, stale="only"), list(cells.values()), "m", seen.append)
+    assert [d.action for d in only.decisions] == [STALE, LEFT, STALE, REUSED, LEFT]
+    assert only.of(LEFT)[1].outcome is None and [c.row.name for c in only.todo] == ["done", "half"]
+    with pytest.raises(ConfigError, match="stale='some'"):
+        SweepRequest(req.experiment, "tiny", stale="some")
+
+
+def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_path, rows, monkeypatch):
+    """The runner measures a stale record again; the old one is kept with the store's earlier records (no result
+    lost), and a call interrupted after one round leaves a partial record of this code, which the next resumes."""
+    from suite.core import runner
+    from suite.records.schema import failed
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    req = SweepRequest(make_experiment(rows[:1]), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2)
+    (cell,) = expand(req)
+    old = {**_outcome(), "provenance": {"methodology": "1", "code": "0123456789abcdef"}}
+    Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None).save(cell, old)
+
+    class Launches:  # the first round measures, the second is interrupted
+        log: list[str] = []
+
+        def run(self, c, timeout):
+            self.log.append(c.key)
+            return _outcome(throughput=20.0) if len(self.log) == 1 else failed("error: interrupted")
+
+        def close(self, completed):
+            pass
+
+    monkeypatch.setattr(runner, "choose", lambda *a: Launches())
+    with pytest.raises(runner.Interrupted):
+        runner.run_cells(req, progress=lambda m: None)
+    now = store.load(tmp_path, cell.key, "m")
+    assert now["status"] == "partial: 1/2 rounds" and now["provenance"]["code"] == code_digest()
+    assert store.earlier(tmp_path, cell.key, "m", "old-sweep")["provenance"]["code"] == "0123456789abcdef"
+    again = plan(req, [cell], "m", lambda m: None)
+    assert [(d.action, d.rounds) for d in again.decisions] == [(RESUME, 1)]
 
 
 def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows, monkeypatch):

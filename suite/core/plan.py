@@ -99,7 +99,9 @@ PAST_CAP = "past its cap"  # counted past its device cap: recorded `oom` (counte
 COMPLETE = "complete"  # resumed with every round asked for: finished as it stands
 RESUME = "resume"  # its measured rounds kept, the rest run
 RUN = "run"  # measured in every round
-RUNS = (RESUME, RUN)
+STALE = "stale"  # a finished timed record of another code: measured again in every round (the old one kept aside)
+LEFT = "left"  # not stale, under SweepRequest.stale == "only": left as it stands, nothing measured or written
+RUNS = (RESUME, RUN, STALE)
 
 
 @dataclass
@@ -167,6 +169,19 @@ class Plan:
         return out
 
 
+def stale_reason(record: Record) -> str | None:
+    """Why a finished record is stale to this code: it was measured by another (its provenance's digest of the code,
+    suite.measure.provenance.code_digest), or by one that recorded none; None where this code measured it. What
+    decides a timed record is the code that ran it: a record of another code is evidence of that code, not of this
+    one, and is measured again (its old figures kept aside by the store: store.earlier)."""
+    prov = record.get("provenance") or {}
+    code, mine = prov.get("code"), code_digest()
+    if code == mine:
+        return None
+    commit = f" at {str(prov['commit'])[:7]}" if prov.get("commit") else ""
+    return f"measured by code {code or '(unrecorded)'}{commit}; this code is {mine}"
+
+
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     """The outcome this cell gets from its row's twin (Row.same_as) when its cell runs this very config: the twin's
     record on this machine with its status (ok, oom, an error: the twin's own verdict), its metrics adapted; where
@@ -184,8 +199,9 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
         return None
     twin = {"experiment": experiment, "row": row, "key": twins[0].key}
     rec = store.load(req.results_dir, twins[0].key, machine)
-    if rec is None or str(rec["status"]).startswith(("partial", "pending")):
-        state = rec["status"] if rec is not None else "no record"
+    old = rec is not None and req.stale != "keep" and (why := stale_reason(rec)) is not None
+    if rec is None or str(rec["status"]).startswith(("partial", "pending")) or old:
+        state = (f"stale: {why}" if old else rec["status"]) if rec is not None else "no record"
         why = f"the same cell as {experiment}/{row}, not finished on {machine} ({state}): measured there, read here"
         return {**failed(f"pending: {why}"), "reused_from": twin}
     adapt = cell.row.adapt or (lambda m: m)
@@ -257,9 +273,18 @@ def _decide(
         said = "waits for " + of if waits else f"the same cell as {of} on {machine}, reused"
         progress(f"{tag}: {twin['status'].split(':')[0]} ({said})")
         return Decision(cell, TWIN, said, twin)
+    planned = p.planned(cell)
     if cached and cached["status"] in store.FINISHED and not req.force:
-        progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key})")
-        return Decision(cell, REUSED, f"{cached['status']} on {machine}", cached)
+        why = stale_reason(cached) if is_timed(cell.kind) else None
+        if why is None or req.stale == "keep":
+            kept = f", stale: {why}" if why else ""
+            progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key}{kept})")
+            return Decision(cell, REUSED, f"{cached['status']} on {machine}{kept}", cached)
+        progress(f"{tag}: stale ({cached['status']} {why}): measured again (--keep-stale keeps it)")
+        return Decision(cell, STALE, f"{cached['status']} {why}", rounds=planned)
+    if req.stale == "only":
+        why = "not stale: left as it stands (--only-stale)"
+        return Decision(cell, LEFT, why, cached if cached is not None and cell.key in p.own else None)
     if (
         cached is None
         and not req.force
@@ -271,7 +296,6 @@ def _decide(
         return Decision(cell, REUSED, why, same)
     if (why := not_run_reason(cell, req.measure, unavailable)) is not None:
         return Decision(cell, NOT_RUN, why)
-    planned = p.planned(cell)
     if len(kept) >= planned:
         return Decision(cell, COMPLETE, resumed=kept)
     return Decision(cell, RESUME if kept else RUN, resumed=kept, rounds=planned - len(kept))

@@ -15,6 +15,8 @@ from suite.records import tracking
 
 MEASURES = ("time", "count")
 
+STALE_CHOICES = ("measure", "keep", "only")  # what a sweep does with finished timed records of another code
+
 
 @dataclass(frozen=True)
 class SweepRequest:
@@ -43,6 +45,9 @@ class SweepRequest:
     measure: str = "time"
     worker: bool = False  # single-rank throughput cells in one long-lived process (suite.core.worker)
     precount: bool = False  # count capped cells first: those past their cap are recorded `oom` (counted), not run
+    # A finished timed record of another code (suite.core.plan.stale_reason): `measure` it again (the default),
+    # `keep` it as it is, or measure `only` those and leave every other cell as it stands.
+    stale: str = "measure"
 
     def __post_init__(self):
         def resolve(field: str, value) -> None:
@@ -59,6 +64,8 @@ class SweepRequest:
             raise ConfigError(f"--timeout {self.timeout}: give a positive number of seconds a cell may take")
         if self.measure not in MEASURES:
             raise ConfigError(f"--measure {self.measure!r}: accepted: {', '.join(MEASURES)}")
+        if self.stale not in STALE_CHOICES:
+            raise ConfigError(f"stale={self.stale!r}: accepted: {', '.join(STALE_CHOICES)}")
         resolve("nodes", (self.nodes or Nodes()).validate())
         resolve("wandb_mode", tracking.resolve_mode(self.wandb_mode))
 

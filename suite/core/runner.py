@@ -16,6 +16,7 @@ from suite.core.launcher import Fresh, choose
 from suite.core.nodes import follow
 from suite.core.plan import (
     COMPLETE,
+    LEFT,
     NOT_RUN,
     PAST_CAP,
     REUSED,
@@ -89,6 +90,8 @@ def settle(d: Decision, recorder: Recorder) -> Record:
         return outcome
     if d.action == UNTOUCHED:
         return recorder.label(cell, outcome)
+    if d.action == LEFT:  # its record as it stands, or (none) a line for the table, not saved
+        return outcome if outcome is not None else recorder.label(cell, failed(f"pending: {d.why}"))
     if d.action == TWIN:
         return recorder.save(cell, outcome, final=not outcome["status"].startswith("pending"))
     if d.action == NOT_RUN:
