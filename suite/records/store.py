@@ -98,6 +98,12 @@ def earlier(results_dir: Path, key: str, machine: str, sweep: str) -> Record | N
     return read(path) if path.exists() else None
 
 
+def earlier_records(results_dir: Path, key: str, machine: str) -> list[Record]:
+    """Every earlier record of cell `key` this machine's store kept (earlier sweeps' `ok` records it replaced)."""
+    folder = run_path(results_dir, key, machine).parent / EARLIER
+    return [rec for path in sorted(folder.glob(f"{key}.*.json")) if (rec := read(path)) is not None]
+
+
 def writable(results_dir: Path, machine: str) -> None:
     """Refuse, before anything runs, a results folder (`machine`'s own folder in it) this process cannot save a
     record into (a measured round was lost to a PermissionError at its save); nothing is created."""

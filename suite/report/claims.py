@@ -64,11 +64,25 @@ def render(claims: list[Claim], results_dir: Path) -> str:
         if c.where not in cache:
             cache[c.where] = read(c.where, Path(results_dir))
         reading = cache[c.where]
+        if reading is not None:
+            reading.used.clear()  # what this claim reads, not what the claims before it on the section read
         found = c.judge(reading) if reading is not None else Finding("no records", "not run")
-        verdict = f"see {c.link}" if found.verdict == SEE else found.verdict
+        verdict = f"see {c.link}" if found.verdict == SEE else provisional(found.verdict, reading)
         cells = [c.text, f"{c.paper}: {c.figure}", found.ours, c.where.label(), verdict, c.link]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+UNDECIDED = ("pending", "not run", "untested", "see ")  # verdicts that claim nothing: no doubt to add
+
+
+def provisional(verdict: str, reading: Reading | None) -> str:
+    """`verdict`, or `provisional (verdict): why` where what the claim read is in doubt (Reading.doubts): a
+    suspect row, rows of several codes, a rate of fewer than 3 rounds. Such a verdict is never `reproduced`."""
+    why = reading.doubts() if reading is not None else []
+    if not why or verdict.startswith(UNDECIDED):
+        return verdict
+    return f"provisional ({verdict}): {'; '.join(why)}"
 
 
 def block(results_dir: Path, claims: list[Claim] | None = None) -> str:

@@ -81,11 +81,15 @@ def short(title: str) -> str:
 
 
 def legend_below(
-    ax, with_partial: bool = False, with_contended: bool = False, sections: dict[str, str] | None = None
+    ax,
+    with_partial: bool = False,
+    with_contended: bool = False,
+    sections: dict[str, str] | None = None,
+    notes: list[str] = (),
 ) -> None:
     """The legend under the axes, outside the data, one entry a label: each section's colour (`sections`: label
     to colour, solid whatever its bars), then what the axes label, the hatching's meaning where a partial row is
-    drawn and the hollow bars' where a contended one is."""
+    drawn and the hollow bars' where a contended one is, then `notes` (what is not drawn, and why)."""
     from matplotlib.patches import Patch
 
     seen = {label: Patch(facecolor=colour, edgecolor=colour) for label, colour in (sections or {}).items()}
@@ -97,6 +101,8 @@ def legend_below(
     if with_contended:
         hollow = Patch(edgecolor="grey", **CONTENDED)
         seen["hollow: contended (timed on a busy machine; the table shows no ratio)"] = hollow
+    for note in notes:
+        seen[note] = Patch(facecolor="none", edgecolor="none")
     if seen:
         ax.legend(
             list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(0, -0.1), fontsize=8, frameon=False
@@ -147,6 +153,7 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
             series.append((short(title), ours))
     if not series:
         return None
+    doubted = suspect_notes(secs)
     plt = pyplot()
     height = 1.2 + 0.16 * len(names) * (len(series) + 1) + 0.22 * len(series)
     fig, ax = plt.subplots(figsize=(README_WIDTH_IN, height))
@@ -172,5 +179,19 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     ax.grid(axis="x", alpha=0.3)
     drawn = [rec for _, ours in series for value, rec in ours.values() if value is not None]
     shown = {label: colours[label] for label, _ in series}
-    legend_below(ax, any(partial(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn), shown)
+    legend_below(ax, any(partial(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn), shown, doubted)
     return fig
+
+
+def suspect_notes(secs) -> list[str]:
+    """A line for each suspect row of `secs` (suite/records/trust.py): not drawn, and why, with its section."""
+    import textwrap
+
+    return [
+        textwrap.fill(
+            f"not drawn: {short(title)} {cell.row.name} is suspect, and every ratio to it: {rec['suspect']}", 90
+        )
+        for title, cells, records in secs
+        for cell, rec in zip(cells, records)
+        if rec and rec.get("suspect")
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,15 @@ class Reading:
     where: Where
     rows: dict[str, dict[str, Any]]
     records: dict[str, Record | None]
+    used: set[tuple[str, str]] = field(default_factory=set)  # (row, column) a claim read: what its verdict rests on
 
     def status(self, row: str) -> str:
+        self.used.add((row, "status"))
         return str(self.rows[row]["status"]) if row in self.rows else "not in the table"
 
     def value(self, row: str, column: str) -> float | None:
         """A row's figure in `column`, or None where it has none (not run, out of memory, not a number)."""
+        self.used.add((row, column))
         x = self.rows.get(row, {}).get(column)
         return x if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)) else None
 
@@ -54,6 +57,30 @@ class Reading:
         if a is None or not b or self.rows[row].get("sweep") != self.rows[base].get("sweep"):
             return None
         return a / b
+
+    def doubts(self) -> list[str]:
+        """Why a verdict on what was read is only provisional (issue 51): a row read is suspect (its reason:
+        suite/records/trust.py), the rows read were measured by more than one code, or a rate read rests on fewer
+        than MIN_ROUNDS timing rounds. Counted sections have no rounds."""
+        recs = {row: rec for row, _ in sorted(self.used) if (rec := self.records.get(row))}
+        out = [f"`{row}` suspect ({rec['suspect']})" for row, rec in recs.items() if rec.get("suspect")]
+        codes = {(rec.get("provenance") or {}).get("code") for rec in recs.values()}
+        if len(codes) > 1:
+            commits = sorted({str((rec.get("provenance") or {}).get("commit") or "?")[:7] for rec in recs.values()})
+            out.append(f"read from {len(codes)} codes (commits {', '.join(commits)})")
+        thin = sorted(
+            {
+                f"`{row}` {recs[row].get('rounds') or 0}"
+                for row, column in self.used
+                if row in recs and "throughput" in column and 0 < (recs[row].get("rounds") or 0) < MIN_ROUNDS
+            }
+        )
+        if thin and not self.where.counted:
+            out.append(f"fewer than {MIN_ROUNDS} timing rounds ({', '.join(thin)})")
+        return out
+
+
+MIN_ROUNDS = 3  # a rate's verdict needs at least this many timing rounds of each row it reads
 
 
 def read(where: Where, results_dir: Path) -> Reading | None:

@@ -22,7 +22,8 @@ from suite.measure.contention import contended
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
 from suite.records.schema import Record, metrics_of
-from suite.records.store import all_records, earlier, machine_of
+from suite.records.store import all_records, earlier, earlier_records, machine_of
+from suite.records.trust import suspect
 
 
 @dataclass
@@ -146,6 +147,9 @@ def _values(
     # (its memory ratios stand: load does not change what a step allocates).
     busy = contended(metrics) or contended(metrics_of(base_rec))
     shown = f"{status}, contended" if contended(metrics) else status
+    # A suspect row (suite/records/trust.py), or one whose reference is, shows its figures and its reason, no ratio
+    doubted = bool((rec or {}).get("suspect") or (base_rec or {}).get("suspect"))
+    shown += f", suspect: {rec['suspect']}" if rec and rec.get("suspect") else ""
     if isinstance(allowance := metrics.get("count_allowance_gb"), (int, float)):
         # a peer counted on a CPU without the offload its GPU run has (suite.core.cell.count_cell)
         shown += (
@@ -184,6 +188,7 @@ def _values(
                 and measured(base_rec["status"], oom=False)
                 and (same_sweep or (same_code and m.key not in RATES))
                 and not (m.key in RATES and busy and not busy_ratios)  # a busy row's only where asked (figures)
+                and not doubted
                 else None
             )
             b_paper = paper_number(base_row.paper.get(m.key)) if base_row else None
@@ -459,6 +464,8 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
                 # a row of an earlier sweep takes its ratios to that sweep's reference, where one was kept
                 ref = earlier(results_dir, base["key"], machine, rec["sweep"])
                 rec = {**rec, "reference": ref} if ref is not None else rec
+            if rec and (why := suspect(rec, earlier_records(results_dir, rec["key"], machine))):
+                rec = {**rec, "suspect": why}  # shown with its reason; no ratio, bar or verdict rests on it
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
             cells.append(Cell(exp.name, row, run, profile))
             records.append(rec)

@@ -1,0 +1,77 @@
+"""Evidence a reader can trust (issue 51): a suspect row by rule, never by hand, with its reason and no ratio, bar or
+verdict resting on it; a verdict read from several codes or thin rounds is provisional, never reproduced."""
+
+from pathlib import Path
+
+from suite.core.experiment import get_experiment
+from suite.records.trust import suspect
+from suite.report import claims, plots, tables
+from suite.report.reading import Reading, Where
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _rec(rate=20.0, mfu=0.3, precision="fp32", code="c1", sweep="s1", profile="paper", device="cuda", rounds=3):
+    return {
+        "status": "ok",
+        "profile": profile,
+        "device_type": device,
+        "sweep": sweep,
+        "rounds": rounds,
+        "finished": sweep,
+        "config": {"run": {"precision": precision}},
+        "metrics": {"throughput": rate, "mfu": mfu},
+        "provenance": {"code": code, "commit": code * 7},
+    }
+
+
+def test_a_row_is_suspect_under_its_precisions_floor_on_a_gpu_or_when_its_rate_moved_2x():
+    assert suspect(_rec()) is None
+    assert "MFU 7.7%, under the 10% floor of fp32" in suspect(_rec(mfu=0.077))
+    assert suspect(_rec(mfu=0.019, precision="fp16")) is None  # AMP at micro-batch 2: launch-bound, honest
+    assert "under the 1% floor of bf16" in suspect(_rec(mfu=0.005, precision="bf16"))
+    assert suspect(_rec(mfu=0.001, profile="tiny")) is None and suspect(_rec(mfu=0.001, device="cpu")) is None
+    before = _rec(rate=21.5, code="c0", sweep="s0")
+    said = suspect(_rec(rate=5.14), [before])
+    assert "5.14 samples/s, 0.24x the 21.5 measured at c0c0c0c" in said
+    assert suspect(_rec(rate=30.0), [before]) is None  # within 2x of the previous code
+    again = _rec(rate=5.3, sweep="s2")  # a second sweep of its own code confirms it
+    assert suspect(_rec(rate=5.14), [before, again]) is None
+
+
+def test_the_h100s_514_record_is_suspect_with_its_reason_and_no_ratio_rests_on_it():
+    """The committed record (Table 2's FP32 baseline on the H100 at 1253528): flagged in the table with its reason,
+    and no row of its section takes a ratio to it, in the table or the figure."""
+    exp = get_experiment("table2")
+    secs = tables.sections(exp, RESULTS, warn=lambda _: None, variants=False)
+    title, cells, records = next(s for s in secs if s[0].startswith("paper profile on h100-79gb"))
+    base = records[[c.row.name for c in cells].index("baseline-fp32")]
+    assert base["metrics"]["throughput"] < 6 and "MFU 7.7%" in base["suspect"]
+    for busy_ratios in (False, True):  # the table's, and the figure's (which draws contended ratios)
+        cols, rows = tables.table_rows(exp, cells, records, busy_ratios=busy_ratios)
+        ratio = cols.index("throughput xbaseline-fp32 ours")
+        assert all(r[ratio] is None for r in rows), [(r[0], r[ratio]) for r in rows]
+    status = cols.index("status")
+    assert "suspect: MFU 7.7%" in rows[0][status]
+    assert any("h100-79gb · paper baseline-fp32 is suspect" in n for n in plots.suspect_notes(secs))
+
+
+def test_a_verdict_on_one_round_or_several_codes_is_provisional():
+    """Rates need 3 rounds of every row read (memory does not: what a step allocates does not vary by round); every
+    row read must be of one code; a suspect row makes it provisional; an undecided verdict stays as it is."""
+    where = Where("table2", "paper", "m")
+    rows = {"a": {"throughput": 30.0, "mem": 1.0}, "b": {"throughput": 10.0, "mem": 2.0}}
+
+    def verdict(ra, rb, column):
+        r = Reading(where, rows, {"a": ra, "b": rb})
+        v = "reproduced" if r.value("a", column) > r.value("b", column) else "not reproduced"
+        return claims.provisional(v, r)
+
+    assert verdict(_rec(), _rec(), "throughput") == "reproduced"
+    assert verdict(_rec(rounds=1), _rec(), "mem") == "not reproduced"  # memory: one round is enough
+    got = verdict(_rec(rounds=1), _rec(), "throughput")
+    assert got == "provisional (reproduced): fewer than 3 timing rounds (`a` 1)", got
+    got = verdict(_rec(code="c1"), _rec(code="c2"), "mem")
+    assert got == "provisional (not reproduced): read from 2 codes (commits c1c1c1c, c2c2c2c)", got
+    assert "`a` suspect (MFU 7.7%)" in verdict({**_rec(), "suspect": "MFU 7.7%"}, _rec(), "mem")
+    assert claims.provisional("pending", Reading(where, rows, {"a": _rec(code="x"), "b": _rec()})) == "pending"
