@@ -78,3 +78,19 @@ def test_a_cuda_cell_records_its_flops():
     run = RunConfig(device="cuda", micro_batch_size=2, num_micro_batches=2, warmup=1, steps=2).validate()
     m = throughput_cell(run, torch.device("cuda"), None)
     assert m["model_tflops"] > 0 and "peak_of" in m
+
+
+def test_l2l_counts_its_recompute_in_hardware_flops_never_in_model_flops():
+    """L2L's backward recomputes every block from its stash whatever its options (issue 51): its hardware FLOPs
+    (HFU) count a fourth forward of the blocks; its model FLOPs (MFU) do not. AG recomputes only when asked."""
+    from suite.core.registry import get
+
+    run = RunConfig(method="l2l", model=ModelConfig(preset="bert-base"), seq_len=128)
+    assert get("l2l").recomputes(run) and get("l2l-cmp").recomputes(run)
+    assert not get("grad_accum").recomputes(run)
+    assert get("grad_accum").recomputes(RunConfig(method="grad_accum", options={"recompute": "on"}))
+    plain, l2l = flops.per_sample(run), flops.per_sample(run, recompute=get("l2l").recomputes(run))
+    assert l2l["flops_per_sample"] == plain["flops_per_sample"] == plain["hardware_flops_per_sample"]
+    m = run.model.resolved()
+    block = flops.block_flops(run.seq_len, m.hidden, m.intermediate)
+    assert l2l["hardware_flops_per_sample"] == plain["flops_per_sample"] + m.layers * block

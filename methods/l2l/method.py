@@ -56,6 +56,11 @@ class L2L(Method):
         ),
     }
 
+    @classmethod
+    def recomputes(cls, run) -> bool:
+        """Always: the backward recomputes every block's forward from its stash (its hardware FLOPs count it)."""
+        return True
+
     def __init__(self, model, run, device, trace: list | None = None):
         super().__init__(model, run, device)
         self.group = _process_group(run, device)

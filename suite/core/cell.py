@@ -65,7 +65,8 @@ def throughput_cell(run, device, cap) -> dict:
         m["throughput_per_rank"] = m["throughput"]
         m["throughput"] = run.batch_size / m["step_time_median"]
     if device.type == "cuda":  # achieved TFLOPS and MFU beside samples/s (suite.measure.flops states the formula)
-        m.update(flops.cuda_metrics(run, device, m, devices=type(method).world_size(run)))
+        cls = type(method)
+        m.update(flops.cuda_metrics(run, device, m, devices=cls.world_size(run), recompute=cls.recomputes(run)))
     return m
 
 

@@ -134,6 +134,12 @@ class Method(ABC):
         """FP32 weights by Hugging Face name, on CPU, gathered."""
 
     @classmethod
+    def recomputes(cls, run) -> bool:
+        """Whether a step runs every block's forward twice (hardware FLOPs count it: suite.measure.flops): a run
+        with `recompute` on; a method that always recomputes (L2L, from its stash) says so."""
+        return str(run.options.get("recompute", "off")).lower() in ("on", "true")
+
+    @classmethod
     def count_allowance(cls, run) -> int | None:
         """Device bytes a count on a CPU may hold that this method's run on an accelerator keeps on the host (a
         peer's offload, which fake tensors cannot follow), so that a count past the cap plus this is past the cap

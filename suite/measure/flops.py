@@ -45,8 +45,9 @@ def head_flops(objective: str, seq: int, hidden: int, vocab: int, labels: int) -
     return 2 * seq * hidden**2 + 2 * seq * hidden * vocab  # mlm
 
 
-def per_sample(run) -> dict[str, float]:
-    """Model and hardware FLOPs of training on one sample of `run` (a RunConfig)."""
+def per_sample(run, recompute: bool | None = None) -> dict[str, float]:
+    """Model and hardware FLOPs of training on one sample of `run` (a RunConfig); `recompute`: whether its method
+    runs every block's forward twice (Method.recomputes; None: the run's `recompute` option says)."""
     from suite.harness.families import FAMILIES
 
     m = run.model.resolved()
@@ -54,7 +55,8 @@ def per_sample(run) -> dict[str, float]:
     kv = m.kv_heads * (m.hidden // m.heads) if m.kv_heads else None
     block = block_flops(run.seq_len, m.hidden, m.intermediate, kv, getattr(family, "ffn_matmuls", 2))
     forward = m.layers * block + head_flops(family.objective, run.seq_len, m.hidden, m.vocab_size, m.num_labels)
-    recompute = str(run.options.get("recompute", "off")).lower() in ("on", "true")
+    if recompute is None:
+        recompute = str(run.options.get("recompute", "off")).lower() in ("on", "true")
     return {
         "flops_per_sample": 3 * forward,
         "hardware_flops_per_sample": 3 * forward + (m.layers * block if recompute else 0),
@@ -83,16 +85,16 @@ def achieved(metrics: dict) -> dict:
     return out
 
 
-def cuda_metrics(run, device, metrics: dict, devices: int = 1) -> dict:
-    """What a CUDA throughput cell adds to its metrics: FLOPs per sample, the peak it is measured against (that of
-    all `devices` the step ran on), and the achieved TFLOPS, MFU and HFU."""
+def cuda_metrics(run, device, metrics: dict, devices: int = 1, recompute: bool | None = None) -> dict:
+    """What a CUDA throughput cell adds to its metrics: FLOPs per sample (`recompute`: per_sample's), the peak it is
+    measured against (that of all `devices` the step ran on), and the achieved TFLOPS, MFU and HFU."""
     import torch
 
     name = torch.cuda.get_device_name(device)
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
     peak = peak_tflops(name, run.precision, tf32)
     out = {
-        **per_sample(run),
+        **per_sample(run, recompute),
         "peak_tflops": peak * devices if peak else None,
         "peak_of": f"{devices} x {name}, {'tf32' if run.precision == 'fp32' and tf32 else run.precision} dense"
         + ("" if peak else ": not in suite.measure.flops.PEAKS, no MFU"),
