@@ -91,6 +91,7 @@ def _run(args) -> int:
         measure=args.measure,
         worker=args.worker,
         stale=args.stale,
+        precount=args.precount,
     )
     records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented") or contended(r["metrics"])]
@@ -171,6 +172,11 @@ def _campaign(args) -> int:
 
         print(report(estimate(STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
         return 0
+    if args.next:
+        from suite.campaign.next_unit import next_unit
+
+        print(next_unit(args.device, rounds=args.rounds))
+        return 0
     if args.precount:
         return precounting.precount_stages(args.stage)
     request = dict(dry=args.dry, budget=args.budget, rounds=args.rounds, out=args.out, worker=not args.fresh_processes)
@@ -240,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--timeout", type=float, help="seconds per cell (default: the experiment's)")
+    r.add_argument(
+        "--precount",
+        action="store_true",
+        help="count capped cells first (fake tensors, on the host's cores; stored counts of this code taken): one "
+        "past its cap is recorded `oom` (counted) without running, as the GPU campaign does",
+    )
     r.add_argument("--data-dir", metavar="PATH", help="folder of GLUE TSVs (task folders with train/dev.tsv)")
     r.add_argument(
         "--measure",
@@ -323,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--estimate",
         action="store_true",
         help="run nothing: list every stage's cells with their estimated device seconds on --device",
+    )
+    g.add_argument(
+        "--next",
+        action="store_true",
+        help="run nothing: the next loan unit on --device at this code (stage 1, else one table's section), its "
+        "estimate against one call's budget and its command",
     )
     g.add_argument(
         "--precount",

@@ -27,6 +27,11 @@ def _git(*args: str) -> str:
         return ""
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (git's HEAD), or None outside a git checkout."""
+    return _git("rev-parse", "HEAD") or None
+
+
 def _version(pkg: str) -> str | None:
     try:
         return metadata.version(pkg)
