@@ -17,6 +17,7 @@ from suite.config.files import write_atomic
 from suite.core.worker_client import close_shared_worker
 from suite.estimate import CUT, NOT_STARTED, estimate, part_line
 from suite.measure.machine import fingerprint
+from suite.records.schema import status_of
 from suite.sweep import sweep
 
 
@@ -151,7 +152,7 @@ def run_sweep(s: stages.Sweep, req: StageRequest, report: StageReport, results_d
         report.cells.append(
             {"experiment": s.experiment, "row": row, "key": record["key"], "status": record.get("status")}
         )
-        if str(record.get("status", "")).startswith(("pending", "partial")):
+        if status_of(record).unfinished:
             report.left.append(f"{s.experiment}/{row}")
 
 

@@ -25,7 +25,7 @@ from suite.config.errors import ConfigError
 from suite.config.launch import Nodes
 from suite.core.experiment import Cell
 from suite.core.process import launch
-from suite.records.schema import Outcome
+from suite.records.schema import Outcome, status_of
 
 JOIN = timedelta(seconds=600)  # how long node 0 waits for the others to join, and they for node 0 to listen
 IDLE = timedelta(days=1)  # how long a following node waits for node 0's next launch (single-rank cells run between)
@@ -180,7 +180,8 @@ def follow(nodes: Nodes, progress=print) -> None:
         record, failure = launch(job["payload"], job["world"], job["timeout"], nodes, job["rdzv_id"])
         coord.report(n, record)
         outcome = "rank 0 ran here, its record sent to node 0" if record else failure["status"].splitlines()[0]
-        if record is None and failure["status"].startswith("error: cell process exited with code 0"):
+        said = status_of(failure)
+        if record is None and said.kind == "error" and said.detail.startswith("cell process exited with code 0"):
             outcome = "done (rank 0 ran on another node)"
         progress(f"{job['tag']}: {outcome} in {time.time() - started:.1f}s")
     progress(f"node {nodes.node_rank}: node 0 ended the sweep")

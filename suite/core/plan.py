@@ -20,7 +20,7 @@ from suite.core.schedule import by_shape
 from suite.measure.provenance import code_digest, versions
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
-from suite.records.schema import Outcome, Record, failed
+from suite.records.schema import Outcome, Record, failed, status_of
 
 COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
 
@@ -200,7 +200,7 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     twin = {"experiment": experiment, "row": row, "key": twins[0].key}
     rec = store.load(req.results_dir, twins[0].key, machine)
     old = rec is not None and req.stale != "keep" and (why := stale_reason(rec)) is not None
-    if rec is None or str(rec["status"]).startswith(("partial", "pending")) or old:
+    if rec is None or status_of(rec).unfinished or old:
         state = (f"stale: {why}" if old else rec["status"]) if rec is not None else "no record"
         why = f"the same cell as {experiment}/{row}, not finished on {machine} ({state}): measured there, read here"
         return {**failed(f"pending: {why}"), "reused_from": twin}
@@ -264,14 +264,14 @@ def _decide(
         if aside := cached["metrics"].get("rounds_set_aside"):  # what earlier calls set aside stays in evidence
             p.aside[cell.key] = list(aside)
         p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
-    elif cached and str(cached["status"]).startswith("pending") and not req.force:
+    elif cached and status_of(cached).kind == "pending" and not req.force:
         p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
     twin = same_as(req, cell, machine)  # forced too: suite.sweep.twins_first has run the twin's sweep
     if twin is not None:
         of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
-        waits = twin["status"].startswith("pending")
+        waits = status_of(twin).kind == "pending"
         said = "waits for " + of if waits else f"the same cell as {of} on {machine}, reused"
-        progress(f"{tag}: {twin['status'].split(':')[0]} ({said})")
+        progress(f"{tag}: {status_of(twin).kind} ({said})")
         return Decision(cell, TWIN, said, twin)
     planned = p.planned(cell)
     if cached and cached["status"] in store.FINISHED and not req.force:

@@ -6,7 +6,7 @@ import json
 import statistics
 
 from suite.measure import contention, flops
-from suite.records.schema import Outcome, Record
+from suite.records.schema import Outcome, Record, status_of
 
 # Rates whose rounds are kept: the median is the cell's figure, min and max its spread.
 RATES = ("throughput", "throughput_per_rank")
@@ -79,7 +79,7 @@ def comparable(outcome: Outcome) -> tuple:
 def resumable(record: Record | None, methodology: str, code: str) -> list[Outcome]:
     """The measured rounds of a partial record made by the same methodology and the same code (a digest of the
     tree, suite.measure.provenance.code_digest), to continue from; else none: the cell is measured anew."""
-    if not record or not str(record.get("status", "")).startswith("partial"):
+    if not record or status_of(record).kind != "partial":
         return []
     rounds = record.get("round_records") or []
     if any((r.get("provenance") or {}).get("methodology") != methodology for r in rounds):

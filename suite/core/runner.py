@@ -34,7 +34,7 @@ from suite.core.request import SweepRequest
 from suite.core.rounds import comparable, merge
 from suite.measure.machine import fingerprint
 from suite.records import store
-from suite.records.schema import Outcome, Record, failed
+from suite.records.schema import Outcome, Record, failed, status_of
 
 
 def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> list[tuple[Cell, Record]]:
@@ -93,7 +93,7 @@ def settle(d: Decision, recorder: Recorder) -> Record:
     if d.action == LEFT:  # its record as it stands, or (none) a line for the table, not saved
         return outcome if outcome is not None else recorder.label(cell, failed(f"pending: {d.why}"))
     if d.action == TWIN:
-        return recorder.save(cell, outcome, final=not outcome["status"].startswith("pending"))
+        return recorder.save(cell, outcome, final=status_of(outcome).kind != "pending")
     if d.action == NOT_RUN:
         return recorder.save(cell, failed("not_implemented", d.why))
     if d.action == PAST_CAP:
@@ -283,7 +283,7 @@ class Rounds:
         outcome = self.one_path(cell, outcome, tag)
         self.done[cell.key].append(outcome)
         merged = self.with_aside(cell, merge(self.done[cell.key], self.planned(cell)))
-        final = not merged["status"].startswith("partial")
+        final = status_of(merged).kind != "partial"
         if final or not self.keeps_earlier(cell):
             record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
             if final:

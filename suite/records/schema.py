@@ -4,6 +4,7 @@
 # not from strings).
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 # The schema's version, saved with every record as `schema`; a record without one predates the field (version 1).
@@ -51,6 +52,37 @@ class Record(Outcome):
     converted_from: NotRequired[dict[str, Any]]
     # The record of another table's cell with this very config, reused (suite.core.experiment.Row.same_as).
     reused_from: NotRequired[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Status:
+    """A record's status, read once, here only: its `kind` (one of STATUSES, or error, partial, pending, skipped:
+    the word before a colon) and its `detail` (what follows the colon: the message, `k/n rounds`, why)."""
+
+    kind: str
+    detail: str = ""
+
+    @property
+    def finished(self) -> bool:
+        """ok or oom: a re-run skips it (its figures, or its out-of-memory verdict, stand)."""
+        return self.kind in ("ok", "oom")
+
+    @property
+    def measured(self) -> bool:
+        """ok, or partial (the rounds measured before a call ended): figures a table shows as measured."""
+        return self.kind in ("ok", "partial")
+
+    @property
+    def unfinished(self) -> bool:
+        """partial or pending: the same command goes on with it."""
+        return self.kind in ("partial", "pending")
+
+
+def status_of(record: Any) -> Status:
+    """The Status of a record, an outcome or a status string (an empty one where there is none)."""
+    text = record.get("status") if isinstance(record, dict) else record
+    kind, _, detail = str(text or "").partition(":")
+    return Status(kind.strip(), detail.strip())
 
 
 def failed(status: str, error: str | None = None, metrics: dict | None = None) -> Outcome:

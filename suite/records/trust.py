@@ -16,7 +16,7 @@ A suspect record is shown with its reason, and feeds no ratio, no figure's bar a
 
 from __future__ import annotations
 
-from suite.records.schema import Record, metrics_of
+from suite.records.schema import Record, metrics_of, status_of
 
 MFU_FLOOR = {"fp32": 0.10, "fp16": 0.01, "bf16": 0.01}
 MOVE = 2.0
@@ -33,7 +33,7 @@ def _rate(rec: Record | None) -> float | None:
 
 def suspect(rec: Record | None, earlier: list[Record] = ()) -> str | None:
     """Why `rec` is suspect (see the module), or None. `earlier`: the same cell's earlier records on its machine."""
-    if not rec or not (rec.get("status") == "ok" or str(rec.get("status", "")).startswith("partial")):
+    if not rec or not status_of(rec).measured:
         return None
     rate = _rate(rec)
     if rate is None:

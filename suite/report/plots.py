@@ -8,7 +8,7 @@ from pathlib import Path
 
 from suite.config.files import write_atomic
 from suite.measure.contention import contended
-from suite.records.schema import metrics_of
+from suite.records.schema import metrics_of, status_of
 from suite.report import tables
 
 
@@ -110,7 +110,7 @@ def legend_below(
 
 
 def partial(rec) -> bool:
-    return bool(rec) and str(rec.get("status", "")).startswith("partial")
+    return bool(rec) and status_of(rec).kind == "partial"
 
 
 def section_colours(secs) -> dict[str, str]:

@@ -21,7 +21,7 @@ from suite.core.rounds import RATES, spread
 from suite.measure.contention import contended
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
-from suite.records.schema import Record, metrics_of
+from suite.records.schema import Record, metrics_of, status_of
 from suite.records.store import all_records, earlier, earlier_records, machine_of
 from suite.records.trust import suspect
 
@@ -207,7 +207,8 @@ def _code(rec: Record) -> str | None:
 
 def measured(status: str, oom: bool = True) -> bool:
     """Whether a record's figures are shown: finished, or partial (the rounds measured before a call ended)."""
-    return status == "ok" or (oom and status == "oom") or status.startswith("partial")
+    s = status_of(status)
+    return s.measured or (oom and s.kind == "oom")
 
 
 def table_rows(
@@ -325,7 +326,7 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
             "prefetches that found their layer's update unfinished (methods/l2l/timeline.py).",
             "",
         ]
-    if any(r and str(r.get("status", "")).startswith("partial") for r in records):
+    if any(r and status_of(r).kind == "partial" for r in records):
         md += [
             "`partial: k/n rounds`: the figures are those of the k rounds measured before the call that ran "
             "them ended (a GPU campaign stage at its deadline); the same command resumes the other rounds.",
