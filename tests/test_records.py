@@ -82,3 +82,15 @@ def test_an_outcome_off_the_schema_becomes_an_error_status(monkeypatch):
     record, failure = process.launch({"row": "r"}, 1, 60.0)
     assert record is None and failure["status"].startswith("error: the cell's outcome does not match")
     assert "'metrics' is a NoneType" in failure["status"]
+
+
+def test_a_status_is_read_once_into_its_kind_and_detail():
+    """The one reader of status strings (suite.records.schema.status_of): the other modules ask its kind."""
+    from suite.records.schema import Status, status_of
+
+    assert status_of({"status": "partial: 1/3 rounds"}) == Status("partial", "1/3 rounds")
+    assert status_of("error: ValueError: bad: worse") == Status("error", "ValueError: bad: worse")
+    assert status_of("not_implemented") == Status("not_implemented") and status_of(None) == Status("")
+    assert [status_of(s).finished for s in ("ok", "oom", "partial: 1/2 rounds", "timeout")] == [1, 1, 0, 0]
+    assert [status_of(s).measured for s in ("ok", "oom", "partial: 1/2 rounds")] == [1, 0, 1]
+    assert [status_of(s).unfinished for s in ("pending: left", "partial: 1/2 rounds", "error: x")] == [1, 1, 0]
