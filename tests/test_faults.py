@@ -96,6 +96,7 @@ def test_exit_statuses_say_what_ended_the_process(monkeypatch, tmp_path):
     assert "unreadable" in process.exit_status(-9, "cell process", None)
 
 
+@pytest.mark.slow  # 65 s; the rule it holds end to end runs in make test too (tests/test_plan.py, with a fake launcher)
 def test_an_interrupted_force_sweep_keeps_every_earlier_record_and_names_the_command_that_goes_on(tmp_path):
     """Ctrl-C 6 s into a --force run wrote `pending` over two `ok` records and erased an earlier sweep's rounds.
     Now a cell's earlier record stands until its replacement is complete, and the hint re-measures the rest."""

@@ -150,6 +150,39 @@ def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_p
     assert [(d.action, d.rounds) for d in again.decisions] == [(RESUME, 1)]
 
 
+def test_an_interrupted_forced_cell_keeps_its_earlier_record_and_names_the_command_that_goes_on(
+    tmp_path, rows, monkeypatch
+):
+    """Under --force a cell's earlier record stands until its replacement is complete: a call interrupted after one
+    round of two leaves it as it was, and says the command that measures it again (the whole path, Ctrl-C in a
+    real sweep: tests/test_faults.py, in make test-slow)."""
+    from suite.core import runner
+    from suite.records.schema import failed
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    req = SweepRequest(make_experiment(rows[:1]), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2, force=True)
+    (cell,) = expand(req)
+    Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None).save(cell, _outcome(throughput=7.0))
+    before = store.load(tmp_path, cell.key, "m")
+
+    class Launches:  # the first round measures, the second is interrupted
+        log: list[str] = []
+
+        def run(self, c, timeout):
+            self.log.append(c.key)
+            return _outcome(throughput=20.0) if len(self.log) == 1 else failed("error: interrupted")
+
+        def close(self, completed):
+            pass
+
+    monkeypatch.setattr(runner, "choose", lambda *a: Launches())
+    with pytest.raises(runner.Interrupted) as cut:
+        runner.run_cells(req, progress=lambda m: None)
+    assert store.load(tmp_path, cell.key, "m") == before
+    assert "0 cell(s) measured again in full, 1 not" in str(cut.value)
+    assert str(cut.value).endswith("--force --rounds 2 --only done")
+
+
 def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows, monkeypatch):
     req = SweepRequest(make_experiment(rows), "tiny", results_dir=tmp_path, wandb_mode="offline")
     (cell,) = expand(SweepRequest(req.experiment, "tiny", only=["done"], results_dir=tmp_path))
