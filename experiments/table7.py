@@ -124,10 +124,14 @@ def base(profile: str) -> dict[str, Any]:
 
 
 def _skip(profile: str, task: str) -> str | None:
+    """Why a task's rows do not run at `profile`: its data folder holds the task's dev file but no train file (and
+    the profile does not train on dev). A folder that is not there says nothing: the definitions, and so a rendered
+    table, are the same with or without the data beside the clone; a run without it fails, naming the folder."""
     folder = data_dir(profile)
-    train = None if folder is None else os.path.join(ROOT, folder, TASKS[task].folder, "train.tsv")
+    task_dir = None if folder is None else os.path.join(ROOT, folder, TASKS[task].folder)
     trains_on_dev = DATA.get(profile, {}).get(task, {}).get("split", "train").startswith("dev:")
-    if train is not None and not os.path.isfile(train) and not trains_on_dev:
+    dev_only = task_dir is not None and os.path.isfile(os.path.join(task_dir, "dev.tsv"))
+    if dev_only and not os.path.isfile(os.path.join(task_dir, "train.tsv")) and not trains_on_dev:
         return f"dev-only data (no {TASKS[task].folder}/train.tsv)"
     return SKIP.get(profile, {}).get(task)
 

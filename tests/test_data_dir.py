@@ -36,4 +36,11 @@ def test_a_runs_data_folder_leaves_every_section_as_its_records_say(tmp_path, mo
     empty.mkdir()
     monkeypatch.setenv(paths.GLUE_DIR_ENV, str(empty))
     assert tables.write_tables(exp, tmp_path)[0].read_text() == plain
+    # a clone with nothing beside it: the `small` profile's default folder (../shared/data/glue) is not there
+    import experiments.table7 as table7
+
+    monkeypatch.delenv(paths.GLUE_DIR_ENV)
+    real = table7.data_dir
+    monkeypatch.setattr(table7, "data_dir", lambda p: str(tmp_path / "absent") if p == "small" else real(p))
+    assert tables.write_tables(exp, tmp_path)[0].read_text() == plain
     assert plain == (paths.RESULTS_DIR / "table7.md").read_text()
