@@ -26,7 +26,8 @@ def test_one_figure_per_ratio_partial_rows_hatched_and_the_legend_below_the_data
 
     monkeypatch.setattr(plots, "save", keep)
     paths_written = plots.ratio_figures(exp, tmp_path)
-    assert sorted(p.name for p in paths_written) == ["table2_memory_gb.png", "table2_throughput.png"]
+    names = ["table2_memory_gb.png", "table2_throughput.png"]
+    assert sorted(p.name for p in paths_written) == sorted(names + [f"front_{n}" for n in names])
     assert drawn["table2_throughput:below"] and drawn["table2_memory_gb:below"]
     labels = drawn["table2_throughput:labels"]
     assert "h200-140gb · paper" in labels and "the paper" in labels  # the H200's partial rows are drawn
@@ -79,3 +80,13 @@ def test_a_contended_section_is_drawn_hollow_named_in_the_legend_and_coloured_al
     assert all(r[cols.index("throughput xbaseline-fp32 ours")] is None for r in rows)  # the table shows none
     for label in set(throughput["colours"]) & set(memory["colours"]) - {"the paper"}:
         assert throughput["colours"][label] == memory["colours"][label], label
+
+
+def test_the_front_page_draws_the_gpus_paper_sections_and_the_readers_own_machine():
+    """The README's figure (issue 51): the paper profile on a GPU, and the machine that renders; other machines' tiny
+    runs stay on the table's page."""
+    secs = tables.sections(get_experiment("table2"), paths.RESULTS_DIR, warn=lambda _: None, variants=False)
+    got = [plots.short(t) for t, _, _ in plots.front_sections(secs, here="cpu-epyc-f25m1-avx2-2c")]
+    assert "h200-140gb · paper" in got and "h100-79gb · paper" in got and "cpu-epyc-f25m1-avx2-2c · tiny" in got
+    assert not any("f25m17" in g or "unfingerprinted" in g for g in got)
+    assert all(g.endswith("· paper") for g in (plots.short(t) for t, _, _ in plots.front_sections(secs, here="x")))

@@ -126,15 +126,31 @@ def contended_rec(rec) -> bool:
 def ratio_figures(exp, results_dir: Path) -> list[Path]:
     """One figure per ratio the table takes (`<experiment>_<metric>.png`): each row's ratio to the baseline row, a
     bar per machine section that has such a ratio (partial rows hatched, contended ones hollow), the paper's ratio
-    marked beside."""
+    marked beside. And the front page's (`front_<experiment>_<metric>.png`, the README's): the same, of the sections a
+    reader came for alone (front_sections)."""
     secs = tables.sections(exp, Path(results_dir), variants=False)
     colours = section_colours(secs)
+    front = front_sections(secs)
     out = []
     for metric in [m for m in exp.metrics if m.ratio]:
-        fig = _ratio_figure(exp, secs, metric, colours)
-        if fig is not None:
-            out.append(save(fig, results_dir, f"{exp.name}_{metric.key}", DPI))
+        for prefix, chosen in (("", secs), ("front_", front)):
+            fig = _ratio_figure(exp, chosen, metric, colours) if chosen else None
+            if fig is not None:
+                out.append(save(fig, results_dir, f"{prefix}{exp.name}_{metric.key}", DPI))
     return out
+
+
+def front_sections(secs, here: str | None = None) -> list:
+    """The sections the front page draws (issue 51): the paper profile on a GPU, and the machine that renders (the
+    reader's own, `here`: this machine's slug by default); other machines' tiny and small runs stay on the table
+    pages. Rows no ratio may rest on (suspect, other sweeps) draw no bar there either (_ratio_figure)."""
+    if here is None:
+        from suite.measure.machine import fingerprint
+
+        here = fingerprint()["slug"]
+    return [
+        s for s in secs if s[0].startswith("paper profile on ") and "(cuda device)" in s[0] or f" on {here} (" in s[0]
+    ]
 
 
 def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
