@@ -75,3 +75,17 @@ def test_a_verdict_on_one_round_or_several_codes_is_provisional():
     assert got == "provisional (not reproduced): read from 2 codes (commits c1c1c1c, c2c2c2c)", got
     assert "`a` suspect (MFU 7.7%)" in verdict({**_rec(), "suspect": "MFU 7.7%"}, _rec(), "mem")
     assert claims.provisional("pending", Reading(where, rows, {"a": _rec(code="x"), "b": _rec()})) == "pending"
+
+
+def test_a_section_mixing_codes_marks_the_rows_of_another_code_and_takes_no_ratio_of_them():
+    """Table 3's H100 section holds rows of three codes (a05344b, 54ccf55, cd78134d): a row of another code than its
+    reference's is shown for context with its commit, and no ratio to the reference is taken of it."""
+    exp = get_experiment("table3")
+    secs = tables.sections(exp, RESULTS, warn=lambda _: None)
+    _, cells, records = next(s for s in secs if s[0].startswith("paper profile on h100-79gb"))
+    cols, rows = tables.table_rows(exp, cells, records)
+    by = {r[0]: dict(zip(cols, r)) for r in rows}
+    ratio = f"throughput x{exp.baseline} ours"
+    assert "another code: 54ccf55 (the reference's a05344b)" in by["l2l-cmp-u2"]["status"]
+    assert by["l2l-cmp-u2"][ratio] is None and by["l2l-cmp-u2"]["throughput (samples/s) ours"] is not None
+    assert "another code" not in by[exp.baseline]["status"]

@@ -42,7 +42,10 @@ class Reading:
     used: set[tuple[str, str]] = field(default_factory=set)  # (row, column) a claim read: what its verdict rests on
 
     def status(self, row: str) -> str:
+        """A row's status as its record says it (the table's column adds notes: contended, suspect, another code)."""
         self.used.add((row, "status"))
+        if self.records.get(row):
+            return str(self.records[row]["status"])
         return str(self.rows[row]["status"]) if row in self.rows else "not in the table"
 
     def value(self, row: str, column: str) -> float | None:

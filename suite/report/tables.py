@@ -150,6 +150,8 @@ def _values(
     # A suspect row (suite/records/trust.py), or one whose reference is, shows its figures and its reason, no ratio
     doubted = bool((rec or {}).get("suspect") or (base_rec or {}).get("suspect"))
     shown += f", suspect: {rec['suspect']}" if rec and rec.get("suspect") else ""
+    if rec and base_rec and _another_code(rec, base_rec):  # shown for context: no ratio crosses codes
+        shown += f", another code: {_commit(rec)} (the reference's {_commit(base_rec)})"
     if isinstance(allowance := metrics.get("count_allowance_gb"), (int, float)):
         # a peer counted on a CPU without the offload its GPU run has (suite.core.cell.count_cell)
         shown += (
@@ -203,6 +205,21 @@ def _values(
 
 def _code(rec: Record) -> str | None:
     return (rec.get("provenance") or {}).get("code")
+
+
+def _another_code(rec: Record, base: Record) -> bool:
+    """Whether `rec` was made by another code than `base`: their code digests differ, or, where either predates the
+    digest, their commits do. A record that names neither (not run, pending) is of no code."""
+    mine, theirs = rec.get("provenance") or {}, base.get("provenance") or {}
+    if mine.get("code") and theirs.get("code"):
+        return mine["code"] != theirs["code"]
+    return bool(mine.get("commit") and theirs.get("commit")) and mine["commit"] != theirs["commit"]
+
+
+def _commit(rec: Record) -> str:
+    """A record's commit, short, or its code digest where it names no commit."""
+    prov = rec.get("provenance") or {}
+    return str(prov.get("commit") or "")[:7] or f"code {prov.get('code') or '?'}"
 
 
 def measured(status: str, oom: bool = True) -> bool:
