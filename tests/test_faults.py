@@ -188,8 +188,13 @@ def _cli(tmp_path, *args, env=None):
         ([], {"SUITE_MACHINE": ".."}, "SUITE_MACHINE='..': give a plain name"),
         ([], {"SUITE_MACHINE": "."}, "SUITE_MACHINE='.': give a plain name"),
         ([], {"SUITE_MACHINE": "/etc"}, "SUITE_MACHINE='/etc': give a plain name"),
+        ([], {"SUITE_MACHINE": "labé"}, "SUITE_MACHINE='labé': give a plain name"),  # labü: the same folder once
+        (["--rounds", "100000000000000000000"], {}, "--rounds 100000000000000000000: give 1 to 1000"),
     ],
-    ids=["timeout-negative", "timeout-nan", "lr-nan", "dropout-inf", "machine-dotdot", "machine-dot", "machine-root"],
+    ids=[
+        "timeout-negative", "timeout-nan", "lr-nan", "dropout-inf", "machine-dotdot", "machine-dot", "machine-root",
+        "machine-accent", "rounds-huge",
+    ],  # fmt: skip
 )
 def test_a_bad_value_is_one_line_before_anything_runs(tmp_path, args, env, said, monkeypatch, capsys):
     """`--timeout -1` was recorded `timeout in 0.0s` (replacing an ok record under --force), `--timeout nan` ran with
@@ -393,3 +398,18 @@ def test_a_killed_runners_scratch_folders_are_removed_at_the_next_start(tmp_path
     finally:
         alive.cleanup()
         __import__("shutil").rmtree(left, ignore_errors=True)
+
+
+@pytest.mark.parametrize("junk", ["[]", '"abc"', "42", "null"])
+def test_a_record_file_of_another_json_shape_is_read_as_none_and_replaced_by_the_save(tmp_path, junk):
+    """A record file that is valid JSON but not an object was warned about and measured again, then the save
+    crashed in store._keep_earlier (AttributeError): the round's figures were lost on every run (issue 52, item 1)."""
+    from suite.records import store
+
+    path = store.run_path(tmp_path, "k", "m")
+    path.parent.mkdir(parents=True)
+    path.write_text(junk)
+    said = []
+    assert store.load(tmp_path, "k", "m", warn=said.append) is None and "not an object" in said[0]
+    store.save(tmp_path, "k", "m", {"status": "ok", "metrics": {"throughput": 1.0}, "sweep": "s"})
+    assert json.loads(path.read_text())["metrics"] == {"throughput": 1.0}  # the round's figures, saved

@@ -15,6 +15,7 @@ from suite.records import tracking
 
 MEASURES = ("time", "count")
 
+MAX_ROUNDS = 1000  # timing rounds a sweep may ask for: more is a typo (--rounds 10**20 counted, then spun for ever)
 STALE_CHOICES = ("measure", "keep", "only")  # what a sweep does with finished timed records of another code
 
 
@@ -58,8 +59,10 @@ class SweepRequest:
         resolve("only", tuple(self.only) if self.only else None)
         resolve("overrides", tuple(self.overrides) if self.overrides else None)
         resolve("rounds", self.experiment.rounds if self.rounds is None else self.rounds)
-        if self.rounds < 1:
-            raise ConfigError(f"--rounds {self.rounds}: give 1 or more timing rounds (3 or more to see the noise)")
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ConfigError(
+                f"--rounds {self.rounds}: give 1 to {MAX_ROUNDS} timing rounds (3 or more to see the noise)"
+            )
         if self.timeout is not None and not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ConfigError(f"--timeout {self.timeout}: give a positive number of seconds a cell may take")
         if self.measure not in MEASURES:

@@ -131,10 +131,12 @@ def slug(cpu: dict, gpu: dict | None) -> str:
     """A short stable name for tables: the GPU's when there is one, else the CPU's; SUITE_MACHINE overrides it."""
     override = os.environ.get("SUITE_MACHINE", "").strip()
     if override:
-        name = re.sub(r"[^A-Za-z0-9._-]+", "-", override)  # `my lab box`: my-lab-box
+        # `my lab box`: my-lab-box. Only white space is rewritten: `labé` and `labü` would both become `lab-`, one
+        # machine's records then taken for the other's, so any other character is refused.
+        name = re.sub(r"\s+", "-", override)
         if not PLAIN_NAME.fullmatch(name):
             raise ConfigError(
-                f"SUITE_MACHINE={override!r}: give a plain name (up to 100 letters, digits, '.', '_', '-', not "
+                f"SUITE_MACHINE={override!r}: give a plain name (up to 100 ASCII letters, digits, '.', '_', '-', not "
                 "starting with '.' or '-'): it names the machine's folder under results/runs/"
             )
         return name

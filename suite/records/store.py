@@ -88,6 +88,8 @@ def _keep_earlier(path: Path, sweep: str | None) -> None:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return
+    if not isinstance(old, dict):  # valid JSON of another shape (`[]`, `42`): nothing to keep, it is replaced
+        return
     if old.get("status") == "ok" and old.get("sweep") and old["sweep"] != sweep and not newer(old):
         write_atomic(path.parent / EARLIER / f"{path.stem}.{old['sweep']}.json", path.read_text())
 
