@@ -192,8 +192,15 @@ def _cli(tmp_path, *args, env=None):
         (["--rounds", "100000000000000000000"], {}, "--rounds 100000000000000000000: give 1 to 1000"),
     ],
     ids=[
-        "timeout-negative", "timeout-nan", "lr-nan", "dropout-inf", "machine-dotdot", "machine-dot", "machine-root",
-        "machine-accent", "rounds-huge",
+        "timeout-negative",
+        "timeout-nan",
+        "lr-nan",
+        "dropout-inf",
+        "machine-dotdot",
+        "machine-dot",
+        "machine-root",
+        "machine-accent",
+        "rounds-huge",
     ],  # fmt: skip
 )
 def test_a_bad_value_is_one_line_before_anything_runs(tmp_path, args, env, said, monkeypatch, capsys):
