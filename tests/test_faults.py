@@ -420,3 +420,18 @@ def test_a_record_file_of_another_json_shape_is_read_as_none_and_replaced_by_the
     assert store.load(tmp_path, "k", "m", warn=said.append) is None and "not an object" in said[0]
     store.save(tmp_path, "k", "m", {"status": "ok", "metrics": {"throughput": 1.0}, "sweep": "s"})
     assert json.loads(path.read_text())["metrics"] == {"throughput": 1.0}  # the round's figures, saved
+
+
+def test_oom_comes_from_the_allocators_own_failures_never_from_words_in_a_message():
+    """A ValueError whose text said "out of memory" was recorded `oom` (finished, never retried); host memory
+    exhausted under a ulimit was an `error` (issue 52, item 4)."""
+    import torch
+
+    from suite.core.cell import classify
+
+    assert classify(ValueError("the plugin ran out of memory, it says")).startswith("error: ValueError")
+    assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
+    assert classify(MemoryError()) == "oom"
+    assert classify(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")) == "oom"
+    assert classify(RuntimeError("CUDA error: out of memory\nCUDA kernel errors ...")) == "oom"
+    assert classify(RuntimeError("something else, out of memory")).startswith("error: RuntimeError")

@@ -174,9 +174,18 @@ def rank_memory(peak: int) -> dict:
     return {"rank_memory": peaks, "memory_worst_rank_gb": max(peaks) / 1e9}
 
 
+# The allocators' own out-of-memory failures: torch's device allocator (and the suite's caps and counts, which raise
+# its type), Python's, and the two that torch raises as a plain RuntimeError with a fixed message (a CUDA call's
+# allocation outside the caching allocator, the host allocator under a ulimit). Words in another error's message
+# never make an `oom`: that verdict is final, never retried (issue 52, item 4).
+OOM_TYPES = (torch.OutOfMemoryError, MemoryError)
+OOM_RUNTIME = ("CUDA error: out of memory", "DefaultCPUAllocator: can't allocate memory")
+
+
 def classify(exc: BaseException) -> str:
-    """Status of a failed cell: out-of-memory errors are `oom`, anything else `error: <type>: <message>`."""
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+    """Status of a failed cell: the allocators' out-of-memory failures (OOM_TYPES, OOM_RUNTIME) are `oom`, anything
+    else `error: <type>: <message>`."""
+    if isinstance(exc, OOM_TYPES) or (type(exc) is RuntimeError and str(exc).startswith(OOM_RUNTIME)):
         return "oom"
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"error: {type(exc).__name__}: {msg}"[:300]
