@@ -435,3 +435,41 @@ def test_oom_comes_from_the_allocators_own_failures_never_from_words_in_a_messag
     assert classify(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")) == "oom"
     assert classify(RuntimeError("CUDA error: out of memory\nCUDA kernel errors ...")) == "oom"
     assert classify(RuntimeError("something else, out of memory")).startswith("error: RuntimeError")
+
+
+@pytest.mark.parametrize(
+    "samples, loss, said",
+    [
+        (40, 1.0, "at timed step 1 the method reported 40 samples for a batch of 4"),
+        (None, float("nan"), "the loss is nan at timed step 1"),
+        (None, float("inf"), "the loss is inf at timed step 1"),
+    ],
+    ids=["samples-x10", "loss-nan", "loss-inf"],
+)
+def test_a_step_that_cannot_be_a_measurement_is_refused_naming_the_step(samples, loss, said):
+    """Throughput was computed from the samples a method reported (a plugin reporting 40 for a batch of 4 recorded
+    91.5 samples/s, 9.15 true), and a NaN loss was `ok` (issue 52, item 4): the harness counts what it fed and a
+    non-finite loss is the cell's error, naming the step."""
+    import torch
+
+    from suite.config.run import RunConfig
+    from suite.core.registry import StepStats
+    from suite.harness.data import synthetic_batches
+    from suite.measure.step import measure
+
+    class Fake:
+        def step(self, batch):
+            return StepStats(loss=loss, samples=samples or batch.size)
+
+        def timeline(self):
+            return None
+
+        def resident_device_bytes(self):
+            return 0
+
+    run = RunConfig(micro_batch_size=2, num_micro_batches=2, seq_len=8)
+    with pytest.raises((ValueError, FloatingPointError), match=said):
+        measure(Fake(), synthetic_batches(run), warmup=0, steps=2, device=torch.device("cpu"))
+    honest = Fake()
+    honest.step = lambda batch: StepStats(loss=1.0, samples=batch.size)
+    assert measure(honest, synthetic_batches(run), 0, 2, torch.device("cpu")).samples_per_step == 4

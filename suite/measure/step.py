@@ -3,6 +3,7 @@ machine was busy meanwhile."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,21 @@ def timeline_summary(timelines: list[dict]) -> dict:
     return {"timeline": {**med, "steps": len(timelines)}, "device_busy": med["device_busy"]}
 
 
+def checked(stats, batch, step: str):
+    """A step's stats, refused where they cannot be a measurement: a non-finite loss (the cell is an error naming the
+    step), or a sample count other than the batch the harness fed (throughput is the harness's count: a method that
+    says it ran 40 samples of a batch of 4 made a rate ten times too high)."""
+    loss = stats.loss
+    if isinstance(loss, (int, float)) and not math.isfinite(loss):
+        raise FloatingPointError(f"the loss is {loss} at {step}: the step diverged or its arithmetic broke")
+    if stats.samples is not None and stats.samples != batch.size:
+        raise ValueError(
+            f"at {step} the method reported {stats.samples} samples for a batch of {batch.size} (StepStats.samples "
+            "must be the samples of the batch it was given)"
+        )
+    return stats
+
+
 def measure(method, batches, warmup: int, steps: int, device: torch.device, cap: int | None = None) -> Measurement:
     """Warm up, time `steps` steps (median kept), and record device and host memory peaks.
 
@@ -73,17 +89,19 @@ def measure(method, batches, warmup: int, steps: int, device: torch.device, cap:
     m = Measurement()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(warmup):
-        method.step(next(batches))
+    for k in range(warmup):
+        batch = next(batches)
+        checked(method.step(batch), batch, f"warm-up step {k + 1}")
     with Watch() as watch:  # the machine's load over the timed steps (suite.measure.contention)
-        for _ in range(steps):
+        for k in range(steps):
             batch = next(batches)
             synchronize(device)
             t0 = time.perf_counter()
             stats = method.step(batch)
             synchronize(device)
             m.step_times.append(time.perf_counter() - t0)
-            m.samples_per_step = stats.samples
+            checked(stats, batch, f"timed step {k + 1}")
+            m.samples_per_step = batch.size  # what the harness fed, not what the method says it ran
             m.losses.append(stats.loss)
             m.skipped_steps += int(stats.skipped)
             if (timeline := method.timeline()) is not None:
