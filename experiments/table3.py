@@ -65,7 +65,7 @@ def rows(profile: str) -> list[Row]:
 
 def target_figure(exp, results_dir: Path) -> list[Path]:
     """Per #uBatches, L2L-CMP throughput over AMP's at the same batch, one bar per profile/device, the target drawn."""
-    return plots.figure_of_sections(exp, results_dir, "table3_vs_amp", _target_bars)
+    return plots.figure_of_sections(exp, results_dir, "table3_vs_amp", _target_bars, front=True)
 
 
 def _target_bars(secs):
@@ -75,7 +75,7 @@ def _target_bars(secs):
     none = (None, False, False)
     for title, cells, records in secs:
         got = {
-            c.row.name: (metrics_of(r).get("throughput"), plots.partial(r), plots.contended_rec(r))
+            c.row.name: (metrics_of(r).get("throughput"), plots.thin(r), plots.contended_rec(r))
             for c, r in zip(cells, records)
             if r and measured(r["status"], oom=False)
         }

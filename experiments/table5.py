@@ -101,7 +101,7 @@ def rows(profile: str) -> list[Row]:
 
 def depth_figure(exp, results_dir: Path) -> list[Path]:
     """Memory against depth per profile/device, one line per method, OOM cells marked at the cap; the paper's beside."""
-    return plots.figure_of_sections(exp, results_dir, "table5_memory_vs_depth", _depth_lines)
+    return plots.figure_of_sections(exp, results_dir, "table5_memory_vs_depth", _depth_lines, front=True)
 
 
 def _points(name: str, sec) -> tuple[list, list, float | None, bool]:

@@ -33,7 +33,7 @@ def test_one_figure_per_ratio_partial_rows_hatched_and_the_legend_below_the_data
     assert "h200-140gb · paper" in labels and "the paper" in labels  # the H200's partial rows are drawn
     # the H100's, whose reference is suspect, are not: the legend says why (suite/records/trust.py)
     assert "h100-79gb · paper" not in labels and any(x.startswith("not drawn: h100-79gb") for x in labels)
-    assert drawn["table2_throughput:hatched"] and any(x.startswith("hatched: partial") for x in labels)
+    assert drawn["table2_throughput:hatched"] and any(x.startswith("hatched: fewer timing rounds") for x in labels)
     # a machine whose section has no ratio of this metric draws no bar (the counted section has no throughput)
     assert not any(x.endswith("· counted") for x in labels)
     assert any(t.endswith("counted") for t in (plots.short(s[0]) for s in tables.sections(exp, tmp_path)))
@@ -90,3 +90,10 @@ def test_the_front_page_draws_the_gpus_paper_sections_and_the_readers_own_machin
     assert "h200-140gb · paper" in got and "h100-79gb · paper" in got and "cpu-epyc-f25m1-avx2-2c · tiny" in got
     assert not any("f25m17" in g or "unfingerprinted" in g for g in got)
     assert all(g.endswith("· paper") for g in (plots.short(t) for t, _, _ in plots.front_sections(secs, here="x")))
+
+
+def test_a_rate_of_fewer_than_3_rounds_is_drawn_hatched_memory_of_one_round_is_not():
+    """A front-page bar resting on a one-round rate says so where it is drawn (issue 51); memory needs one round."""
+    one = {"status": "ok", "rounds": 1}
+    assert plots.thin(one) and not plots.partial(one)
+    assert plots.thin({"status": "partial: 1/3 rounds", "rounds": 1}) and not plots.thin({"status": "ok", "rounds": 3})

@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 
 from suite.config.files import write_atomic
+from suite.core.rounds import RATES
 from suite.measure.contention import contended
 from suite.records.schema import metrics_of, status_of
 from suite.report import tables
+from suite.report.reading import MIN_ROUNDS
 
 
 def pyplot():
@@ -39,12 +41,17 @@ def slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
 
 
-def figure_of_sections(exp, results_dir, name: str, draw, dpi: int = 120) -> list[Path]:
+def figure_of_sections(exp, results_dir, name: str, draw, dpi: int = 120, front: bool = False) -> list[Path]:
     """One figure of every profile/device section with records (tables.sections: (title, cells, records) each):
-    draw(sections) makes it (None: nothing to draw) and it is saved as <name>; nothing without records."""
+    draw(sections) makes it (None: nothing to draw) and it is saved as <name>; nothing without records. With
+    `front`, the front page's too, of front_sections alone, as front_<name>."""
     sections = tables.sections(exp, Path(results_dir), variants=False)
-    fig = draw(sections) if sections else None
-    return [] if fig is None else [save(fig, results_dir, name, dpi)]
+    out = []
+    for prefix, chosen in (("", sections), *((("front_", front_sections(sections)),) if front else ())):
+        fig = draw(chosen) if chosen else None
+        if fig is not None:
+            out.append(save(fig, results_dir, f"{prefix}{name}", dpi))
+    return out
 
 
 def figure_per_section(exp, results_dir, name: str, draw, dpi: int = 120) -> list[Path]:
@@ -97,7 +104,7 @@ def legend_below(
     seen.update(zip(labels, handles))
     if with_partial:
         hatched = Patch(facecolor="white", edgecolor="grey", hatch=PARTIAL["hatch"])
-        seen["hatched: partial (fewer timing rounds than planned)"] = hatched
+        seen["hatched: fewer timing rounds than planned, or a rate of fewer than 3 (provisional)"] = hatched
     if with_contended:
         hollow = Patch(edgecolor="grey", **CONTENDED)
         seen["hollow: contended (timed on a busy machine; the table shows no ratio)"] = hollow
@@ -111,6 +118,12 @@ def legend_below(
 
 def partial(rec) -> bool:
     return bool(rec) and status_of(rec).kind == "partial"
+
+
+def thin(rec) -> bool:
+    """A rate too thinly sampled for a verdict: a partial record, or one of fewer than MIN_ROUNDS timing rounds (a
+    sweep run with --rounds 1): drawn hatched, as a claim reading it is provisional (suite/report/reading.py)."""
+    return partial(rec) or (bool(rec) and 0 < (rec.get("rounds") or 0) < MIN_ROUNDS)
 
 
 def section_colours(secs) -> dict[str, str]:
@@ -170,6 +183,7 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     if not series:
         return None
     doubted = suspect_notes(secs)
+    hatch = thin if metric.key in RATES else partial  # a rate needs its rounds; memory one
     plt = pyplot()
     height = 1.2 + 0.16 * len(names) * (len(series) + 1) + 0.22 * len(series)
     fig, ax = plt.subplots(figsize=(README_WIDTH_IN, height))
@@ -180,7 +194,7 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
             if value is None:
                 continue
             y = i + k * width
-            style = {**(PARTIAL if partial(rec) else {}), **(CONTENDED if contended_rec(rec) else {})}
+            style = {**(PARTIAL if hatch(rec) else {}), **(CONTENDED if contended_rec(rec) else {})}
             style.setdefault("facecolor", colours[label])
             ax.barh(y, value, width, edgecolor=colours[label], **style)
     ys = [i + 0.4 - width / 2 for i in range(len(names))]
@@ -195,7 +209,7 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     ax.grid(axis="x", alpha=0.3)
     drawn = [rec for _, ours in series for value, rec in ours.values() if value is not None]
     shown = {label: colours[label] for label, _ in series}
-    legend_below(ax, any(partial(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn), shown, doubted)
+    legend_below(ax, any(hatch(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn), shown, doubted)
     return fig
 
 
