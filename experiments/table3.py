@@ -72,17 +72,18 @@ def _target_bars(secs):
     """The target figure of `secs` (tables.sections): a bar per section with such a ratio at each #uBatches (a
     partial row hatched), the target drawn, the legend under the axes."""
     bars, colours = [], plots.section_colours(secs)
-    none = (None, False, False)
+    none = (None, False, False, None)
     for title, cells, records in secs:
+        # a suspect row draws nothing (its reason under the legend); a ratio only of two rows of one sweep
         got = {
-            c.row.name: (metrics_of(r).get("throughput"), plots.thin(r), plots.contended_rec(r))
+            c.row.name: (metrics_of(r).get("throughput"), plots.thin(r), plots.contended_rec(r), r.get("sweep"))
             for c, r in zip(cells, records)
-            if r and measured(r["status"], oom=False)
+            if r and measured(r["status"], oom=False) and not r.get("suspect")
         }
         ratios = []
         for u in UBATCHES:
-            (l2l, p1, c1), (amp, p2, c2) = got.get(f"l2l-cmp-u{u}", none), got.get(f"amp-rc-u{u}", none)
-            ratios.append((l2l / amp, p1 or p2, c1 or c2) if l2l and amp else none)
+            (l2l, p1, c1, s1), (amp, p2, c2, s2) = got.get(f"l2l-cmp-u{u}", none), got.get(f"amp-rc-u{u}", none)
+            ratios.append((l2l / amp, p1 or p2, c1 or c2) if l2l and amp and s1 == s2 else none[:3])
         if any(v is not None for v, _, _ in ratios):
             bars.append((plots.short(title), ratios))
     if not bars:
@@ -102,7 +103,8 @@ def _target_bars(secs):
     ax.grid(axis="y", alpha=0.3)
     drawn = [r for _, ratios in bars for r in ratios if r[0] is not None]
     shown = {label: colours[label] for label, _ in bars}
-    plots.legend_below(ax, any(part for _, part, _ in drawn), any(busy for _, _, busy in drawn), shown)
+    notes = plots.suspect_notes(secs)
+    plots.legend_below(ax, any(part for _, part, _ in drawn), any(busy for _, _, busy in drawn), shown, notes)
     return fig
 
 

@@ -72,8 +72,12 @@ def test_a_verdict_on_one_round_or_several_codes_is_provisional():
     got = verdict(_rec(rounds=1), _rec(), "throughput")
     assert got == "provisional (reproduced): fewer than 3 timing rounds (`a` 1)", got
     got = verdict(_rec(code="c1"), _rec(code="c2"), "mem")
-    assert got == "provisional (not reproduced): read from 2 codes (commits c1c1c1c, c2c2c2c)", got
+    assert got == "provisional (not reproduced): read from several codes (commits c1c1c1c, c2c2c2c)", got
     assert "`a` suspect (MFU 7.7%)" in verdict({**_rec(), "suspect": "MFU 7.7%"}, _rec(), "mem")
+    older = {**_rec(), "provenance": {"commit": "cd78134d" * 5}}  # before code digests: its commit says
+    assert "several codes (commits c1c1c1c, cd78134)" in verdict(older, _rec(), "mem")
+    not_run = {**_rec(), "provenance": None}  # a row not run names no code: no doubt of that kind
+    assert verdict(not_run, _rec(), "mem") == "not reproduced"
     assert claims.provisional("pending", Reading(where, rows, {"a": _rec(code="x"), "b": _rec()})) == "pending"
 
 

@@ -7,7 +7,7 @@ from test_runner import make_experiment
 
 from suite.config.errors import ConfigError
 from suite.core.experiment import Row
-from suite.core.plan import COMPLETE, LEFT, NOT_RUN, RESUME, REUSED, RUN, STALE, TWIN, expand, plan
+from suite.core.plan import COMPLETE, LEFT, NOT_RUN, PAST_CAP, RESUME, REUSED, RUN, STALE, TWIN, expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
@@ -116,6 +116,27 @@ def test_a_finished_timed_record_of_another_code_is_stale_and_measured_again(tmp
     assert only.of(LEFT)[1].outcome is None and [c.row.name for c in only.todo] == ["done", "half"]
     with pytest.raises(ConfigError, match="stale='some'"):
         SweepRequest(req.experiment, "tiny", stale="some")
+    # A stale record that cannot be measured again here (its library missing) is kept, never replaced by an error
+    absent = plan(req, list(cells.values()), "m", seen.append, unavailable=lambda c: "its library is not installed")
+    assert absent.decisions[0].action == REUSED and "cannot be measured again here" in absent.decisions[0].why
+    # A count past the cap never replaces a stale record, which ran under its cap: only cells never measured
+    precounting = dataclasses.replace(req, precount=True)
+    everything_past = lambda todo: {c.key: {"status": "oom", "error": "counted past its cap"} for c in todo}  # noqa: E731
+    capped = plan(precounting, list(cells.values()), "m", seen.append, past_cap=everything_past)
+    assert [d.action for d in capped.decisions] == [STALE, NOT_RUN, STALE, REUSED, PAST_CAP]
+
+
+def test_only_stale_measures_the_reference_beside_the_stale_rows(tmp_path, rows):
+    """--only-stale leaves cells that are not stale, but a ratio needs its reference in the same sweep: a reference
+    of this code is measured again beside the stale rows (as a subset re-run's is)."""
+    req = SweepRequest(make_experiment(rows), "tiny", results_dir=tmp_path, wandb_mode="off", stale="only")
+    cells = {c.row.name: c for c in expand(req)}
+    rec = Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None)
+    rec.save(cells["done"], _outcome())  # the reference, this code's
+    rec.save(cells["half"], {**_outcome(), "provenance": {"methodology": "1", "code": "0123456789abcdef"}})
+    p = plan(req, list(cells.values()), "m", lambda m: None)
+    got = {d.cell.row.name: d.action for d in p.decisions}
+    assert got == {"done": RUN, "future": LEFT, "half": STALE, "whole": LEFT, "new": LEFT}
 
 
 def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_path, rows, monkeypatch):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from suite.measure.flops import block_flops
+from suite.records.schema import status_of
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -309,7 +310,7 @@ def _reference(ref: dict, run) -> tuple[float | None, str, tuple[float, float] |
         which = f"{ref['experiment']}/{ref['row']}{_HARNESS[ref.get('harness')]}"
         return None, f"no {ref['machine'].rstrip('-')} record of {which}", None
     # A finished record before a partial one, then the latest (where several machines match)
-    rec = max(found, key=lambda r: (str(r.get("status", "")).startswith("ok"), str(r.get("finished") or "")))
+    rec = max(found, key=lambda r: (status_of(r).kind == "ok", str(r.get("finished") or "")))
     m = rec["metrics"]
     spread = None
     if all(isinstance(m.get(k), (int, float)) for k in ("step_time_median", "step_time_min", "step_time_max")):

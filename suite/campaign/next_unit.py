@@ -26,7 +26,12 @@ def _stage1_done(results_dir: Path, machine: str | None) -> tuple[bool, str]:
     path = results_dir / "campaign" / (machine or "-") / "stage-1.json"
     if machine is None or not path.exists():
         return False, "no stage-1 report on the target"
-    report = json.loads(path.read_text())
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return False, f"its stage-1 report is unreadable ({type(exc).__name__}): stage 1 runs again"
+    if not isinstance(report, dict):
+        return False, "its stage-1 report is not an object: stage 1 runs again"
     if report.get("done"):
         return True, f"stage 1 done at {str(report.get('suite_commit') or '?')[:7]}"
     left = ", ".join(report.get("left") or []) or "a test failed"
@@ -55,7 +60,9 @@ def next_unit(device: str = "h100", results_dir: Path | None = None, rounds: int
         )
     for number, stage in stages.STAGES.items():
         for sweep in stage.sweeps:
-            mine = [ln for ln in lines if ln.stage == number and ln.what.startswith(f"{sweep.experiment}")]
+            mine = [
+                ln for ln in lines if ln.stage == number and ln.what.split("/")[0].split(":")[0] == sweep.experiment
+            ]
             runs = [ln for ln in mine if ln.decision in RUNS]
             if not runs:
                 continue
@@ -73,6 +80,7 @@ def next_unit(device: str = "h100", results_dir: Path | None = None, rounds: int
             if counts is not None and counts.seconds:
                 out.append(f"  capped cells not all counted at this code: `make gpu-precount` first ({counts.source})")
             cmd = ["python -m suite run", sweep.experiment, "--profile paper --worker --precount --wandb off", *only]
+            cmd += [f"--rounds {rounds}"] if rounds is not None else []
             out.append(f"  {env} {' '.join(cmd)}")
             return "\n".join(out)
     return f"{head}\n  nothing left: every section of the campaign is measured at this code on {machine or device}"

@@ -175,9 +175,10 @@ def rank_memory(peak: int) -> dict:
 
 
 # The allocators' own out-of-memory failures: torch's device allocator (and the suite's caps and counts, which raise
-# its type), Python's, and the two that torch raises as a plain RuntimeError with a fixed message (a CUDA call's
-# allocation outside the caching allocator, the host allocator under a ulimit). Words in another error's message
-# never make an `oom`: that verdict is final, never retried (issue 52, item 4).
+# its type), Python's, and two that torch raises as a RuntimeError (or its AcceleratorError) carrying a fixed text:
+# a CUDA call's allocation outside the caching allocator (`CUDA error: out of memory`) and the host allocator under a
+# ulimit (`[enforce fail at alloc_cpu.cpp:...] ... DefaultCPUAllocator: can't allocate memory`). Words in another
+# type's message never make an `oom`: that verdict is final, never retried (issue 52, item 4).
 OOM_TYPES = (torch.OutOfMemoryError, MemoryError)
 OOM_RUNTIME = ("CUDA error: out of memory", "DefaultCPUAllocator: can't allocate memory")
 
@@ -185,7 +186,7 @@ OOM_RUNTIME = ("CUDA error: out of memory", "DefaultCPUAllocator: can't allocate
 def classify(exc: BaseException) -> str:
     """Status of a failed cell: the allocators' out-of-memory failures (OOM_TYPES, OOM_RUNTIME) are `oom`, anything
     else `error: <type>: <message>`."""
-    if isinstance(exc, OOM_TYPES) or (type(exc) is RuntimeError and str(exc).startswith(OOM_RUNTIME)):
+    if isinstance(exc, OOM_TYPES) or (isinstance(exc, RuntimeError) and any(t in str(exc) for t in OOM_RUNTIME)):
         return "oom"
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"error: {type(exc).__name__}: {msg}"[:300]

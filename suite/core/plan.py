@@ -232,8 +232,9 @@ def plan(
         p.decisions.append(_decide(req, cell, machine, p, progress, unavailable))
     _with_reference(req, cells, p, progress)
     if past_cap is not None and req.precount and req.measure == "time":
-        counted = past_cap(p.todo)
-        for d in p.of(*RUNS):
+        # A stale cell ran under its cap at another code: it is measured again, never replaced by a count's verdict
+        counted = past_cap([d.cell for d in p.of(RESUME, RUN)])
+        for d in p.of(RESUME, RUN):
             if d.cell.key in counted:
                 d.action, d.outcome, d.rounds = PAST_CAP, counted[d.cell.key], 0
     todo = p.todo
@@ -273,10 +274,12 @@ def _decide(
         said = "waits for " + of if waits else f"the same cell as {of} on {machine}, reused"
         progress(f"{tag}: {status_of(twin).kind} ({said})")
         return Decision(cell, TWIN, said, twin)
-    planned = p.planned(cell)
-    if cached and cached["status"] in store.FINISHED and not req.force:
+    planned, cannot = p.planned(cell), None
+    if cached and status_of(cached).finished and not req.force:
         why = stale_reason(cached) if is_timed(cell.kind) else None
-        if why is None or req.stale == "keep":
+        if why is not None and (cannot := not_run_reason(cell, req.measure, unavailable)) is not None:
+            why += f"; kept, as it cannot be measured again here ({cannot})"  # never replaced by an error
+        if why is None or req.stale == "keep" or cannot is not None:
             kept = f", stale: {why}" if why else ""
             progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key}{kept})")
             return Decision(cell, REUSED, f"{cached['status']} on {machine}{kept}", cached)
@@ -284,7 +287,7 @@ def _decide(
         return Decision(cell, STALE, f"{cached['status']} {why}", rounds=planned)
     if req.stale == "only":
         why = "not stale: left as it stands (--only-stale)"
-        return Decision(cell, LEFT, why, cached if cached is not None and cell.key in p.own else None)
+        return Decision(cell, LEFT, why, cached)
     if (
         cached is None
         and not req.force
@@ -322,8 +325,8 @@ def _with_reference(req: SweepRequest, cells: list[Cell], p: Plan, progress: Cal
     if not p.todo or not any(m.ratio for m in exp.metrics):
         return
     ref = next((d for d in p.decisions if d.cell.row.name == exp.baseline), None)
-    if ref is None or ref.action != REUSED or ref.outcome.get("sweep") == p.sweep:
-        return
+    if ref is None or ref.action not in (REUSED, LEFT) or (ref.outcome or {}).get("sweep") == p.sweep:
+        return  # (a reference left by --only-stale is measured beside the stale rows all the same)
     p.decisions.remove(ref)
     p.decisions.insert(
         0, Decision(ref.cell, RUN, "the reference row, beside rows that take ratios to it", rounds=p.planned(ref.cell))

@@ -46,7 +46,7 @@ def suspect(rec: Record | None, earlier: list[Record] = ()) -> str | None:
             return f"MFU {mfu:.1%}, under the {floor:.0%} floor of {precision} on a GPU (suite/records/trust.py)"
     mine = _code(rec)
     others = sorted(
-        (r for r in earlier if _code(r) != mine and _rate(r) is not None), key=lambda r: r.get("finished", "")
+        (r for r in earlier if _code(r) != mine and _rate(r) is not None), key=lambda r: r.get("finished") or ""
     )
     if not others:
         return None

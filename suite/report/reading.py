@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +68,10 @@ class Reading:
         than MIN_ROUNDS timing rounds. Counted sections have no rounds."""
         recs = {row: rec for row, _ in sorted(self.used) if (rec := self.records.get(row))}
         out = [f"`{row}` suspect ({rec['suspect']})" for row, rec in recs.items() if rec.get("suspect")]
-        codes = {(rec.get("provenance") or {}).get("code") for rec in recs.values()}
-        if len(codes) > 1:
-            commits = sorted({str((rec.get("provenance") or {}).get("commit") or "?")[:7] for rec in recs.values()})
-            out.append(f"read from {len(codes)} codes (commits {', '.join(commits)})")
+        made = [rec for rec in recs.values() if tables.made_by_a_code(rec)]  # (not run, pending: no code)
+        if any(tables.another_code(a, b) for a, b in itertools.combinations(made, 2)):
+            commits = sorted({tables.commit_of(rec) for rec in made})
+            out.append(f"read from several codes (commits {', '.join(commits)})")
         thin = sorted(
             {
                 f"`{row}` {recs[row].get('rounds') or 0}"

@@ -150,8 +150,8 @@ def _values(
     # A suspect row (suite/records/trust.py), or one whose reference is, shows its figures and its reason, no ratio
     doubted = bool((rec or {}).get("suspect") or (base_rec or {}).get("suspect"))
     shown += f", suspect: {rec['suspect']}" if rec and rec.get("suspect") else ""
-    if rec and base_rec and _another_code(rec, base_rec):  # shown for context: no ratio crosses codes
-        shown += f", another code: {_commit(rec)} (the reference's {_commit(base_rec)})"
+    if rec and base_rec and another_code(rec, base_rec):  # shown for context: no ratio crosses codes
+        shown += f", another code: {commit_of(rec)} (the reference's {commit_of(base_rec)})"
     if isinstance(allowance := metrics.get("count_allowance_gb"), (int, float)):
         # a peer counted on a CPU without the offload its GPU run has (suite.core.cell.count_cell)
         shown += (
@@ -207,7 +207,13 @@ def _code(rec: Record) -> str | None:
     return (rec.get("provenance") or {}).get("code")
 
 
-def _another_code(rec: Record, base: Record) -> bool:
+def made_by_a_code(rec: Record) -> bool:
+    """Whether a record names the code that made it (a digest or a commit): not a row not run or pending."""
+    prov = rec.get("provenance") or {}
+    return bool(prov.get("code") or prov.get("commit"))
+
+
+def another_code(rec: Record, base: Record) -> bool:
     """Whether `rec` was made by another code than `base`: their code digests differ, or, where either predates the
     digest, their commits do. A record that names neither (not run, pending) is of no code."""
     mine, theirs = rec.get("provenance") or {}, base.get("provenance") or {}
@@ -216,7 +222,7 @@ def _another_code(rec: Record, base: Record) -> bool:
     return bool(mine.get("commit") and theirs.get("commit")) and mine["commit"] != theirs["commit"]
 
 
-def _commit(rec: Record) -> str:
+def commit_of(rec: Record) -> str:
     """A record's commit, short, or its code digest where it names no commit."""
     prov = rec.get("provenance") or {}
     return str(prov.get("commit") or "")[:7] or f"code {prov.get('code') or '?'}"
@@ -481,6 +487,8 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
             if rec and base and rec.get("sweep") and rec["sweep"] != base.get("sweep") and name != exp.baseline:
                 # a row of an earlier sweep takes its ratios to that sweep's reference, where one was kept
                 ref = earlier(results_dir, base["key"], machine, rec["sweep"])
+                if ref is not None and (why := suspect(ref, earlier_records(results_dir, ref["key"], machine))):
+                    ref = {**ref, "suspect": why}  # a suspect reference of that sweep gives no ratio either
                 rec = {**rec, "reference": ref} if ref is not None else rec
             if rec and (why := suspect(rec, earlier_records(results_dir, rec["key"], machine))):
                 rec = {**rec, "suspect": why}  # shown with its reason; no ratio, bar or verdict rests on it
