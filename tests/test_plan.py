@@ -34,6 +34,22 @@ def _outcome(status="ok", throughput=10.0, methodology="1"):
     }
 
 
+class OneRoundThenInterrupted:
+    """A launcher for the runner: the first cell-round measures, the next is interrupted (as Ctrl-C in a cell)."""
+
+    def __init__(self):
+        self.log: list[str] = []
+
+    def run(self, cell, timeout):
+        from suite.records.schema import failed
+
+        self.log.append(cell.key)
+        return _outcome(throughput=20.0) if len(self.log) == 1 else failed("error: interrupted")
+
+    def close(self, completed):
+        pass
+
+
 def test_a_request_is_checked_and_resolved_when_made(tmp_path, rows):
     exp = make_experiment(rows)
     req = SweepRequest(exp, "tiny", only=["d*"], overrides=["steps=2"], results_dir=tmp_path, wandb_mode="off")
@@ -143,7 +159,6 @@ def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_p
     """The runner measures a stale record again; the old one is kept with the store's earlier records (no result
     lost), and a call interrupted after one round leaves a partial record of this code, which the next resumes."""
     from suite.core import runner
-    from suite.records.schema import failed
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
     req = SweepRequest(make_experiment(rows[:1]), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2)
@@ -151,17 +166,7 @@ def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_p
     old = {**_outcome(), "provenance": {"methodology": "1", "code": "0123456789abcdef"}}
     Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None).save(cell, old)
 
-    class Launches:  # the first round measures, the second is interrupted
-        log: list[str] = []
-
-        def run(self, c, timeout):
-            self.log.append(c.key)
-            return _outcome(throughput=20.0) if len(self.log) == 1 else failed("error: interrupted")
-
-        def close(self, completed):
-            pass
-
-    monkeypatch.setattr(runner, "choose", lambda *a: Launches())
+    monkeypatch.setattr(runner, "choose", lambda *a: OneRoundThenInterrupted())
     with pytest.raises(runner.Interrupted):
         runner.run_cells(req, progress=lambda m: None)
     now = store.load(tmp_path, cell.key, "m")
@@ -178,7 +183,6 @@ def test_an_interrupted_forced_cell_keeps_its_earlier_record_and_names_the_comma
     round of two leaves it as it was, and says the command that measures it again (the whole path, Ctrl-C in a
     real sweep: tests/test_faults.py, in make test-slow)."""
     from suite.core import runner
-    from suite.records.schema import failed
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
     req = SweepRequest(make_experiment(rows[:1]), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2, force=True)
@@ -186,17 +190,7 @@ def test_an_interrupted_forced_cell_keeps_its_earlier_record_and_names_the_comma
     Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None).save(cell, _outcome(throughput=7.0))
     before = store.load(tmp_path, cell.key, "m")
 
-    class Launches:  # the first round measures, the second is interrupted
-        log: list[str] = []
-
-        def run(self, c, timeout):
-            self.log.append(c.key)
-            return _outcome(throughput=20.0) if len(self.log) == 1 else failed("error: interrupted")
-
-        def close(self, completed):
-            pass
-
-    monkeypatch.setattr(runner, "choose", lambda *a: Launches())
+    monkeypatch.setattr(runner, "choose", lambda *a: OneRoundThenInterrupted())
     with pytest.raises(runner.Interrupted) as cut:
         runner.run_cells(req, progress=lambda m: None)
     assert store.load(tmp_path, cell.key, "m") == before
