@@ -75,13 +75,13 @@ def twins_first(req: SweepRequest, progress=print) -> None:
     from suite.core.experiment import get_experiment
     from suite.core.plan import expand, same_as
     from suite.measure.machine import fingerprint
-    from suite.records import store
+    from suite.records.schema import status_of
 
     machine = fingerprint()["slug"]
     due: dict[str, list[str]] = {}
     for cell in expand(req):
         twin = same_as(req, cell, machine)
-        if twin is not None and (req.force or twin["status"] not in store.FINISHED):  # retried as its table retries
+        if twin is not None and (req.force or not status_of(twin).finished):  # retried as its table retries
             due.setdefault(twin["reused_from"]["experiment"], []).append(twin["reused_from"]["row"])
     for name, rows in due.items():
         progress(f"{req.experiment.name}: {', '.join(rows)} of {name} first (the same cells as rows of this table)")

@@ -311,7 +311,7 @@ def counted_alike(req: SweepRequest, cell: Cell, machine: str) -> Record | None:
     mine = {"code": code_digest(), **dict(zip(("torch", "transformers"), versions()))}
     for rec in store.elsewhere(req.results_dir, cell.key, machine):
         prov = rec.get("provenance") or {}
-        if rec["status"] in store.FINISHED and all(prov.get(k) == v for k, v in mine.items()):
+        if status_of(rec).finished and all(prov.get(k) == v for k, v in mine.items()):
             return rec
     return None
 

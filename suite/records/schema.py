@@ -17,6 +17,7 @@ NUMERIC_METRICS = (
     "step_time_max", "final_loss", "mfu", "hfu", "score", "device_busy", "model_tflops", "hardware_tflops",
 )  # fmt: skip
 STATUSES = ("ok", "oom", "timeout", "not_implemented")  # or "error: <message>", "partial: k/n rounds", "pending: ..."
+FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout, partial and not_implemented are tried again
 
 
 class Outcome(TypedDict):
@@ -65,7 +66,7 @@ class Status:
     @property
     def finished(self) -> bool:
         """ok or oom: a re-run skips it (its figures, or its out-of-memory verdict, stand)."""
-        return self.kind in ("ok", "oom")
+        return self.kind in FINISHED
 
     @property
     def measured(self) -> bool:
