@@ -237,6 +237,7 @@ def test_an_unwritable_results_folder_is_refused_before_the_cell_runs(tmp_path):
     assert "running" not in done.stdout
 
 
+@pytest.mark.slow  # 17 s, two sweeps: make test keeps its margin (the save path's other faults run in make test)
 def test_a_save_that_fails_mid_sweep_is_one_line_with_the_figures_and_the_sweep_goes_on(tmp_path, monkeypatch):
     """A save that fails anyway (a disk filling mid-sweep) names the file, keeps the measured figures on the
     console, and the next cell runs; a W&B failure is no longer what it is called."""

@@ -5,6 +5,8 @@ its estimate against one call's budget and its command."""
 import json
 import shutil
 
+import pytest
+
 from suite.campaign import next_unit
 from suite.config import paths
 from suite.estimate import Line
@@ -26,6 +28,7 @@ def test_stage_1_comes_first_until_its_report_on_the_target_is_done(tmp_path, mo
     assert "about 3 calls" in next_unit._fits(2.5 * next_unit.LIMIT_S)
 
 
+@pytest.mark.slow  # 8 s: the campaign's whole estimate; the unit's choice and its line run in make test above
 def test_then_a_tables_section_with_its_stale_rows_that_fits_one_call(tmp_path):
     report = _results(tmp_path)
     report.write_text(json.dumps({**json.loads(report.read_text()), "done": True}))
