@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import threading
 
 from suite.config import paths
 from suite.config.errors import ConfigError
+from suite.core import interrupts
 
 
 def _list(args) -> int:
@@ -364,10 +364,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _terminated(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM ends a run as Ctrl-C does: its cells killed, its finished rounds kept
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -376,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             f"unrecognized arguments: {' '.join(extra)} (python -m suite {args.command} --help lists its options)"
         )
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    # SIGTERM ends a run as Ctrl-C does (its cells killed, its finished rounds kept); neither inside a child's wait
+    previous = interrupts.install() if main_thread else {}
     try:
         return args.fn(args)
     except ConfigError as exc:
@@ -386,5 +383,4 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc) or "interrupted: no cell was running; every record made is saved", file=sys.stderr)
         return 130
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        interrupts.restore(previous)

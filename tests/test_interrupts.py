@@ -64,3 +64,49 @@ def test_an_interrupt_keeps_the_finished_rounds_and_the_same_command_resumes_the
     assert "l2l-fp32 xbaseline-fp32" not in out  # (the table is on disk)
     table = (tmp_path / "table2.md").read_text()
     assert "came from other sweeps" not in table
+
+
+def test_a_signal_that_arrives_inside_a_poll_is_raised_after_it_and_the_killed_child_is_still_reaped():
+    """CI saw a SIGTERM'd runner print its line and never exit: the signal had landed inside Popen.poll, between
+    its wait lock taken and freed, and the wait that reaps the killed cell blocked on that lock for ever."""
+    from suite.core import interrupts
+
+    previous = interrupts.install()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    real, order = proc.poll, []
+
+    def poll():  # the signal arrives while the poll runs (before it has taken its lock)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # the bytecodes where an unshielded handler would raise
+            pass
+        order.append("poll returned")
+        return real()
+
+    proc.poll = poll
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.wait_for(proc, 30)
+        order.append("interrupted")
+        proc.poll = real
+        interrupts.kill_session(proc)  # reaps it
+        assert proc.returncode == -signal.SIGKILL and order == ["poll returned", "interrupted"]
+    finally:
+        interrupts.restore(previous)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_outside_a_shield_both_signals_interrupt_at_once():
+    from suite.core import interrupts
+
+    previous = interrupts.install()
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), sig)
+                for _ in range(10_000_000):
+                    pass
+                raise AssertionError(f"{sig!r} did not interrupt")
+    finally:
+        interrupts.restore(previous)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from suite.config import paths
 from suite.config.launch import Nodes, torchrun_command
+from suite.core import interrupts
 from suite.harness.processes import proc_counter
 from suite.records.schema import Outcome, failed, problems
 
@@ -86,7 +87,7 @@ _running: set[subprocess.Popen] = set()  # cell processes of this runner now run
 def kill_running() -> None:
     """Kill every cell process this runner has running, each with its session (an interrupted sweep's counts)."""
     for proc in list(_running):
-        if proc.poll() is None:
+        if interrupts.poll(proc) is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -118,16 +119,13 @@ def launch(
             status = None
             _running.add(proc)
             try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                status = "timeout"
+                if interrupts.wait_for(proc, timeout) is None:
+                    status = "timeout"
             except KeyboardInterrupt:
                 status = "error: interrupted"
             finally:
                 _running.discard(proc)
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                interrupts.kill_session(proc)
         log_tail = Path(log_path).read_text(errors="replace")[-4000:]
         if status is None and os.path.exists(out_path):
             outcome, status = read_outcome(out_path)

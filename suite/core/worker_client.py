@@ -5,12 +5,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from suite.config import paths
+from suite.core import interrupts
 from suite.core.process import Scratch, cell_env, exit_status, oom_kills, read_outcome
 from suite.records.schema import Outcome, failed
 
@@ -44,7 +44,7 @@ class Worker:
 
     def run(self, payload: dict, timeout: float) -> Outcome:
         """One cell in the worker; returns its outcome, or the status it gets without one."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or interrupts.poll(self.proc) is not None:
             self._start()
         self.jobs += 1
         out_path = os.path.join(self.tmp.name, f"out-{self.jobs}.json")
@@ -55,7 +55,7 @@ class Worker:
             self.proc.stdin.flush()
             deadline = time.monotonic() + timeout
             while not os.path.exists(out_path):
-                if self.proc.poll() is not None:
+                if interrupts.poll(self.proc) is not None:
                     status = exit_status(self.proc.returncode, "worker", oom_before)
                     break
                 if time.monotonic() > deadline:
@@ -86,12 +86,11 @@ class Worker:
             return
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=0 if kill else 10)
-        except (OSError, subprocess.TimeoutExpired):
+        except OSError:
             pass
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if not kill:
+            interrupts.wait_for(self.proc, 10)
+        interrupts.kill_session(self.proc)
         self.proc = None
         self.log.close()
 
