@@ -56,12 +56,16 @@ def main(argv: list[str] | None = None) -> int:
             num_micro_batches=run.num_micro_batches * world,
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
-    losses = []
-    for _ in range(args.steps):
+    losses, states, ref_states = [], [], []
+    for _ in range(args.steps):  # the weights after each step: 16-bit updates are compared step by step
         stats = subject.step(next(batches))
-        ref = reference.step(next(ref_batches)).loss if reference is not None else float("nan")
+        states.append(subject.state_dict())
+        ref = float("nan")
+        if reference is not None:
+            ref = reference.step(next(ref_batches)).loss
+            ref_states.append(reference.state_dict())
         losses.append((stats.loss, ref))
-    state = subject.state_dict()
+    state = states[-1]
 
     # All ranks must hold one consistent model: gather every rank's weights on every rank.
     mine = _flat(state)
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.all_gather(everyone, mine)
     identical = all(torch.equal(mine, other) for other in everyone)
     note = (f"{'all' if identical else 'NOT all'} {world} ranks hold bitwise identical weights", identical)
-    passed = verdict_across_ranks(subject, f"{args.method} on {world} ranks", w0, state, reference, losses, [note])
+    label = f"{args.method} on {world} ranks"
+    passed = verdict_across_ranks(subject, label, w0, states, reference, ref_states, losses, [note])
     leave_group()
     return int(not passed)
 

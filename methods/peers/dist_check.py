@@ -54,10 +54,12 @@ def check_one(method: str, args) -> bool:
     batches = synthetic_batches(run, padded=True)
     if cls.shards_batch:
         batches = (b.shard(rank, world) for b in batches)
-    losses = [subject.step(next(batches)).loss for _ in range(args.steps)]
-    state = subject.state_dict()
+    losses, states = [], []
+    for _ in range(args.steps):  # the weights after each step: 16-bit updates are compared step by step
+        losses.append(subject.step(next(batches)).loss)
+        states.append(subject.state_dict())
 
-    reference = None
+    reference, ref_states = None, []
     if rank == 0:
         ref_run = dataclasses.replace(
             run, method=args.against, options={}, ranks=1, precision=default_precision(args.against, device)
@@ -67,9 +69,11 @@ def check_one(method: str, args) -> bool:
                 ref_run, micro_batch_size=run.micro_batch_size // world, num_micro_batches=run.num_micro_batches * world
             )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
-        losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
+        for i, a in enumerate(losses):
+            losses[i] = (a, reference.step(next(ref_batches)).loss)
+            ref_states.append(reference.state_dict())
     label = f"{method} on {world} ranks ({', '.join(f'{k}={v}' for k, v in subject.opts.items())})"
-    return verdict_across_ranks(subject, label, w0, state, reference, losses)
+    return verdict_across_ranks(subject, label, w0, states, reference, ref_states, losses)
 
 
 if __name__ == "__main__":

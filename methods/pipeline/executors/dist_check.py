@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         (f"replicas of every stage hold {'bitwise identical' if identical else 'DIFFERENT'} weights", identical),
     ]
-    passed = verdict_across_ranks(subject, label, w0, state, reference, losses, notes)
+    ref_states = [reference.state_dict()] if reference is not None else []  # FP32: the end's weights are the check
+    passed = verdict_across_ranks(subject, label, w0, [state], reference, ref_states, losses, notes)
     leave_group()
     return int(not passed)
 
