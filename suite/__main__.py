@@ -2,6 +2,6 @@
 
 import sys
 
-from suite.cli import main
+from suite.commands.cli import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ import sys
 
 from test_runner import make_experiment
 
-from suite import cli
+from suite.commands import cli
 from suite.core import experiment
 from suite.core.experiment import Row
 

@@ -35,7 +35,7 @@ def test_the_documented_method_passes_the_oracle(example, order):
 
 
 def test_the_documented_method_lists_with_its_description(example, capsys):
-    from suite.cli import main
+    from suite.commands.cli import main
 
     assert main(["list"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("my-method"))

@@ -6,11 +6,11 @@ import json
 import pytest
 
 from experiments.benchmarks import host_optim, legacy, overhead, pipeline_vs_torch
+from suite.commands.sweep import render
 from suite.config.run import RunConfig, apply_overrides
 from suite.core.experiment import get_experiment
 from suite.measure.machine import fingerprint
 from suite.records import store
-from suite.sweep import render
 
 PROVENANCE = {"commit": "c0ffee" * 6 + "c0ff", "dirty": False, "device": "cpu (x86_64, 2 cores)", "methodology": "1"}
 

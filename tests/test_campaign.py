@@ -8,15 +8,15 @@ import types
 import pytest
 from test_runner import make_experiment
 
-from suite import cli
-from suite.campaign import pytest_steps, stage, stages
-from suite.campaign.stage import StageRequest, run_stage
+from suite.commands import cli
+from suite.commands.campaign import pytest_steps, stage, stages
+from suite.commands.campaign.stage import StageRequest, run_stage
+from suite.commands.sweep import sweep
 from suite.core import launcher, plan, runner
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
-from suite.sweep import sweep
 
 
 def _dry(tmp_path, monkeypatch, numbers):
@@ -180,7 +180,7 @@ def test_a_stage_report_names_each_record_by_its_own_row(tmp_path, monkeypatch):
 def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tmp_path, monkeypatch):
     """A stage's part is given time by its estimate: one that needs more than remains is not started (to be cut at
     the deadline, as stage 1's microbenchmarks were on 2026-11-26), but left whole; one that fits runs."""
-    from suite.estimate import Line
+    from suite.commands.estimate import Line
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
     monkeypatch.setattr(stages, "STAGES", {9: stages.Stage("parts", bench=True, counted=True)})

@@ -79,10 +79,10 @@ def test_the_worker_measures_what_fresh_processes_measure_on_cuda(tmp_path, monk
     peak within 2% of the fresh processes' (the worker's rows of 2026-11-26 ran 6x slower after a fallback)."""
     from test_runner import make_experiment
 
+    from suite.commands.sweep import sweep
     from suite.core.experiment import Row
     from suite.core.request import SweepRequest
     from suite.core.worker_client import close_shared_worker
-    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "cuda-isolation")
     shape = {"model.layers": 4, "model.heads": 4, "seq_len": 128, "micro_batch_size": 16, "warmup": 2, "steps": 5}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from suite.cli import main
+from suite.commands.cli import main
 from suite.config.errors import ConfigError
 from suite.config.run import RunConfig, apply_overrides
 from suite.config.sizes import parse_size
@@ -137,7 +137,7 @@ def test_the_campaign_help_lists_every_stage_from_its_table():
     import subprocess
     import sys
 
-    from suite.campaign.stages import STAGES
+    from suite.commands.campaign.stages import STAGES
 
     out = subprocess.run(
         [sys.executable, "-m", "suite", "campaign", "--help"], capture_output=True, text=True, check=True

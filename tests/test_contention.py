@@ -7,12 +7,12 @@ import sys
 import pytest
 from test_trust import _cell, make_experiment
 
-from suite import cli
+from suite.commands import cli
+from suite.commands.sweep import sweep
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.core.rounds import merge
 from suite.measure import contention
-from suite.sweep import sweep
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -81,6 +81,6 @@ def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_p
 
 def test_strict_fails_on_a_contended_cell(monkeypatch):
     record = {"status": "ok", "metrics": {"contention": {"contended": True, "reasons": ["load"]}}}
-    monkeypatch.setattr("suite.sweep.sweep", lambda req: [record])
+    monkeypatch.setattr("suite.commands.sweep.sweep", lambda req: [record])
     assert cli.main(["run", "table2", "--profile", "tiny", "--wandb", "off"]) == 0
     assert cli.main(["run", "table2", "--profile", "tiny", "--wandb", "off", "--strict"]) == 1

@@ -173,9 +173,9 @@ def test_each_pipeline_stage_counted_as_its_torchrun_rank_measures_it(method):
 
 @pytest.mark.slow  # a table end to end as counts (the runner's and the precount's counts run in the default tests)
 def test_measure_count_runs_a_table_as_counted_cells(tmp_path, monkeypatch):
+    from suite.commands.sweep import sweep
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
-    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("table5")
@@ -272,9 +272,9 @@ def test_the_largest_count_search_finds_the_edge_from_any_guess():
 def test_figure9_counted_searches_the_largest_model_over_counts(tmp_path, monkeypatch):
     """2bw-fig9's projected rows under --measure count: the most blocks whose counted worst stage fits, the
     planner's guess beside it and every count the search made; one block more is out of memory."""
+    from suite.commands.sweep import sweep
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
-    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("2bw-fig9")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from suite.campaign.stages import COUNTED_ROWS, counted_cells
+from suite.commands.campaign.stages import COUNTED_ROWS, counted_cells
 from suite.core.launcher import run_cell
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -4,7 +4,7 @@ anything runs, and no run's data folder changes how another machine's section re
 import hashlib
 import shutil
 
-from suite import cli
+from suite.commands import cli
 from suite.config import paths
 from suite.core.experiment import get_experiment
 from suite.report import tables

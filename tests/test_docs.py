@@ -58,7 +58,7 @@ def test_every_documented_command_runs_as_written_after_make_setup():
     import shlex
     import subprocess
 
-    from suite.cli import build_parser
+    from suite.commands.cli import build_parser
 
     targets = set(re.findall(r"^([\w-]+(?: [\w-]+)*):", (ROOT / "Makefile").read_text(), re.M))
     targets = {t for group in targets for t in group.split()}

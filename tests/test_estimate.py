@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from suite import cli
-from suite.campaign.stages import STAGES, Stage, Sweep
+from suite.commands import cli
+from suite.commands.campaign.stages import STAGES, Stage, Sweep
+from suite.commands.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
 from suite.core.experiment import get_experiment
-from suite.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
 from suite.harness.model import param_count
 
 
@@ -216,8 +216,8 @@ def test_counts_stored_for_the_target_cost_nothing_and_say_which_cells_pass_thei
 def test_the_counted_test_is_costed_by_its_cells_until_a_report_says_what_it_took(tmp_path):
     """Without a stage report, the counted-against-measured test costs a session's start and each of its cells in a
     fresh process (the count runs beside it, on the host); with one, what the report says."""
-    from suite.campaign.stages import counted_cells
-    from suite.estimate import CostTable, _params
+    from suite.commands.campaign.stages import counted_cells
+    from suite.commands.estimate import CostTable, _params
 
     (base,) = get_experiment("table2").cells("paper", ["baseline-fp32"], None, None)
     _record(tmp_path, base, step_time=2.0, rounds=1, duration=16.0 + 4 * 2.0)

@@ -13,12 +13,12 @@ import pytest
 import torch
 from test_runner import make_experiment
 
+from suite.commands.sweep import sweep
 from suite.core import process, registry
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
 from suite.records import store
-from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -208,7 +208,7 @@ def test_a_bad_value_is_one_line_before_anything_runs(tmp_path, args, env, said,
     no timeout, `--set lr=nan` was accepted, `SUITE_MACHINE=..` wrote results/<key>.json that no table shows. (The
     command line in this process; test_a_bad_value_from_a_shell_ends_the_command_with_one_line runs one as a shell
     would.)"""
-    from suite import cli
+    from suite.commands import cli
     from suite.config import paths
 
     monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")

@@ -4,10 +4,10 @@
 import pytest
 
 from experiments.benchmarks import host_optim
+from suite.commands.sweep import sweep
 from suite.config.errors import ConfigError
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
-from suite.sweep import sweep
 
 
 def test_bad_sizes_are_refused_before_anything_runs():

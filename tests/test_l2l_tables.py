@@ -6,13 +6,13 @@ import os
 import pytest
 
 from experiments import l2l_common, table5, table6
+from suite.commands.sweep import sweep
 from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig
 from suite.core import registry
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
 from suite.harness.model import build_model
-from suite.sweep import sweep
 
 TABLES = ("table3", "table4", "table5", "table6")
 PAPER_TEXT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "papers", "l2l-constant-memory.txt")

@@ -13,7 +13,7 @@ import time
 import pytest
 from test_runner import make_experiment
 
-from suite.cli import main
+from suite.commands.cli import main
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes, torchrun_command
 from suite.core import launcher as launcher_module

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from suite.campaign import next_unit
+from suite.commands.campaign import next_unit
+from suite.commands.estimate import Line
 from suite.config import paths
-from suite.estimate import Line
 
 
 def _results(tmp_path):

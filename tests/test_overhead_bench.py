@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from experiments.benchmarks.overhead import PROFILES, detail_line, make_steps
+from suite.commands.sweep import sweep
 from suite.config.run import RunConfig, apply_overrides
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
 from suite.records import store
-from suite.sweep import sweep
 
 TABLE3_ROWS = ["table3-amp-rc-u1-vs-hf", "table3-amp-rc-u4-vs-hf", "table3-l2l-cmp-u1-vs-hf", "table3-l2l-cmp-u4-vs-hf"]
 

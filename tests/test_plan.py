@@ -279,9 +279,9 @@ def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monke
 def test_a_row_the_same_as_another_tables_cell_is_measured_once_as_that_cell(tmp_path, monkeypatch):
     """Table 4 alone, no Table 3 record: Table 3's sweep measures its cell first (its record, its table), Table 4
     reads it; run again, nothing is measured; forced, the twin is measured anew once and read again."""
+    from suite.commands.sweep import sweep
     from suite.core import launcher
     from suite.core.experiment import get_experiment
-    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
     ran = []

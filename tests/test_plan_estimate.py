@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from suite.campaign.stages import STAGES
+from suite.commands.campaign.stages import STAGES
+from suite.commands.estimate import estimate
 from suite.core import precount, registry, runner
 from suite.core.experiment import get_experiment
 from suite.core.recorder import Recorder
-from suite.estimate import estimate
 from suite.measure.provenance import code_digest, versions
 from suite.measure.step import METHODOLOGY_VERSION
 

@@ -6,13 +6,13 @@ import json
 import pytest
 from test_runner import TINY, make_experiment
 
-from suite.campaign import precounting, stages
-from suite.campaign.stages import Stage, Sweep
+from suite.commands.campaign import precounting, stages
+from suite.commands.campaign.stages import Stage, Sweep
+from suite.commands.sweep import sweep
 from suite.core import precount
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest, versions
-from suite.sweep import sweep
 
 CAPPED = {**TINY, "device_memory": "64MiB"}  # the tiny model fits under it
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from conftest import real_wandb
 
+from suite.commands.sweep import sweep
 from suite.core import registry
 from suite.core.experiment import Experiment, Metric, Row
 from suite.core.request import SweepRequest
 from suite.records import store, tracking
-from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TINY = {

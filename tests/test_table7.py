@@ -9,8 +9,8 @@ import torch
 from conftest import real_wandb
 
 from experiments import table7, table7_equivalence
+from suite.commands.sweep import sweep
 from suite.core.request import SweepRequest
-from suite.sweep import sweep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 

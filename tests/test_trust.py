@@ -12,7 +12,8 @@ import time
 import pytest
 from test_runner import TINY  # the one-block model the runner tests use
 
-from suite.cli import build_parser, main
+from suite.commands.cli import build_parser, main
+from suite.commands.sweep import sweep
 from suite.config.errors import ConfigError
 from suite.core import launcher, registry
 from suite.core.experiment import Experiment, Metric, Row
@@ -21,7 +22,6 @@ from suite.core.rounds import merge
 from suite.measure import machine
 from suite.records import store
 from suite.report.tables import as_printed, human_bytes, reason
-from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from suite.commands.sweep import sweep
 from suite.core import launcher
 from suite.core.experiment import get_experiment
 from suite.core.plan import expand
@@ -13,7 +14,6 @@ from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
 from suite.report import tables
-from suite.sweep import sweep
 
 RATE = {"baseline-fp32": 10.0, "l2l-fp32": 5.0, "l2l-cmp": 20.0}
 

@@ -6,12 +6,12 @@ import os
 import pytest
 from test_runner import make_experiment
 
+from suite.commands.sweep import sweep
 from suite.core import registry
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.core.schedule import by_shape, pooled
 from suite.core.worker_client import Worker, close_shared_worker
-from suite.sweep import sweep
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

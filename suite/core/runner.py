@@ -48,14 +48,14 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     past it; the cells left are reported and a later call resumes them.
 
     A row that is another table's cell (Row.same_as) takes that cell's record here, with its sweep (pending where the
-    twin has none finished: suite.sweep.twins_first measures it first). With
+    twin has none finished: suite.commands.sweep.twins_first measures it first). With
     `req.precount` a capped cell of our methods is counted first and, past its cap, recorded `oom` without running.
     With `req.worker` single-rank timed cells of our methods run in one long-lived process (suite.core.worker).
 
     Across nodes (suite.core.nodes): node 0 does all of this, its multi-rank cells spanning every node; another
     node follows node 0's launches and returns [], having written nothing.
 
-    The tables are the face's to render (suite.sweep): the engine stands below the reports."""
+    The tables are the face's to render (suite.commands.sweep): the engine stands below the reports."""
     cells = expand(req)
     process.remove_orphaned_scratch()  # what runners killed with SIGKILL left behind
     if req.follower:

@@ -165,9 +165,9 @@ def test_without_deepspeed_the_error_says_how_to_install(monkeypatch):
 def test_without_deepspeed_a_sweep_records_its_rows_and_runs_the_rest(tmp_path, monkeypatch):
     """The GPU image has no DeepSpeed: Table 2's ZeRO rows are recorded not_implemented with the reason, and the
     sweep goes on (counted here, to stay quick)."""
+    from suite.commands.sweep import sweep
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
-    from suite.sweep import sweep
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real(n, *a))
@@ -187,9 +187,9 @@ def test_without_deepspeed_a_sweep_records_its_rows_and_runs_the_rest(tmp_path, 
 def test_a_count_records_uncountable_peers_with_the_reason_and_counts_fsdp(tmp_path, monkeypatch):
     """Table 5's peers at tiny under a count: FSDP2 counted (a fake one-rank group), ZeRO-3 recorded
     not_implemented with the reason, before any process starts (no DeepSpeed needed)."""
+    from suite.commands.sweep import sweep
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
-    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_MACHINE", "counter")
     exp = get_experiment("table5")

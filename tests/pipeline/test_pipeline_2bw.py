@@ -19,7 +19,7 @@ from methods.pipeline.schedules.schedule import (
     two_bw_window,
 )
 from methods.pipeline.schedules.validate import ScheduleError, validate
-from suite import cli
+from suite.commands import cli
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.check import build_method, check
 from suite.harness.data import synthetic_batches

@@ -5,9 +5,9 @@ writes results/bench-pipeline.md, pytest-benchmark recording the launch and the 
 import pytest
 
 from experiments.benchmarks.pipeline_vs_torch import REFERENCE
+from suite.commands.sweep import sweep
 from suite.core.experiment import get_experiment
 from suite.core.request import SweepRequest
-from suite.sweep import sweep
 
 TINY = [
     "model.hidden=32",

@@ -9,7 +9,7 @@ from methods.pipeline.executors.reference import ReferenceExecutor
 from methods.pipeline.executors.stage import Stage
 from methods.pipeline.schedules.schedule import Kind, two_bw
 from methods.pipeline.schedules.simulate import Timeline
-from suite import cli
+from suite.commands import cli
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.check import build_method, check
 from suite.harness.data import synthetic_batches

@@ -8,7 +8,7 @@ import pytest
 from methods.pipeline.planner import predict as planner
 from methods.pipeline.planner import profiling
 from methods.pipeline.planner.costs import LayerCost, Line, Link, Profile
-from suite.cli import main as cli_main
+from suite.commands.cli import main as cli_main
 from suite.config.run import RunConfig
 
 
@@ -149,8 +149,8 @@ def test_planner_predictions_hold_against_a_measured_run(tmp_path, monkeypatch):
     """Stated bound: worst-stage memory within 10% and throughput within a factor of 2 of a real 2-rank run
     (memory is the deterministic live-bytes tracker; time shares two CPU cores with whatever else runs)."""
     from experiments.planner_check import EXPERIMENT
+    from suite.commands.sweep import sweep
     from suite.core.request import SweepRequest
-    from suite.sweep import sweep
 
     monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
     monkeypatch.setattr("suite.config.paths.RESULTS_DIR", tmp_path)

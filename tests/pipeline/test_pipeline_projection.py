@@ -13,10 +13,10 @@ from methods.pipeline.planner.projection import (
     paper_profile,
     project,
 )
+from suite.commands.sweep import sweep
 from suite.core import cell as cell_mod
 from suite.core import launcher
 from suite.core.request import SweepRequest
-from suite.sweep import sweep
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from suite.config.sizes import parse_size
 
 
 def plan_command(args) -> int:
-    """Print the profile, the question and the ranked table for the parsed `plan` arguments (see suite.cli);
+    """Print the profile, the question and the ranked table for the parsed `plan` arguments (see suite.commands.cli);
     0 when the best configuration fits, 1 when none does."""
     bad = [m for m in args.methods if m not in predict.SCHEDULES]
     if bad:

@@ -4,7 +4,7 @@ with its estimate and the commands, so that the campaign converges at HEAD in 10
 A unit is stage 1 (the cuda tests, isolation and counted-against-measured included) until the target's stage-1
 report is done, then one table's complete section: every row its sweep still runs at this code (stale records
 included: suite.core.plan) and its reference, in the rounds the table plans. The estimate is the campaign's own
-(suite.estimate), which prices exactly the runner's plan."""
+(suite.commands.estimate), which prices exactly the runner's plan."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import json
 import shlex
 from pathlib import Path
 
-from suite.campaign import stages
+from suite.commands.campaign import stages
+from suite.commands.estimate import estimate
 from suite.config import paths
 from suite.core.plan import RUNS
-from suite.estimate import estimate
 from suite.measure.provenance import code_digest, git_commit
 
 LIMIT_S = stages.BUDGET_S  # one call's budget: inside the GPU machine's 10-minute command limit, with a margin

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from suite.campaign import stages
+from suite.commands.campaign import stages
 from suite.config import paths
 from suite.core.experiment import get_experiment
 

@@ -67,10 +67,10 @@ def _check_data_dir(exp, folder: str) -> None:
 
 
 def _run(args) -> int:
+    from suite.commands.sweep import sweep
     from suite.core.experiment import get_experiment
     from suite.core.request import SweepRequest
     from suite.measure.contention import contended
-    from suite.sweep import sweep
 
     nodes = _nodes(args, needs_node_rank=True)
     exp = get_experiment(args.experiment)
@@ -99,8 +99,8 @@ def _run(args) -> int:
 
 
 def _render(args) -> int:
+    from suite.commands.sweep import render
     from suite.core.experiment import all_experiments, get_experiment
-    from suite.sweep import render
 
     names = args.experiments or sorted(all_experiments())
     for exp in [get_experiment(n) for n in names]:  # every name checked before anything is written
@@ -158,22 +158,22 @@ def _stage_help() -> str:
     """--stage's help, from the campaign's stage table itself (imported only for the campaign command's own help)."""
     if "campaign" not in sys.argv[1:3]:
         return "all, or a stage's number (`python -m suite campaign --help` lists them)"
-    from suite.campaign.stages import STAGES
+    from suite.commands.campaign.stages import STAGES
 
     return "all, or one of: " + "; ".join(f"{n}: {stage.title}" for n, stage in STAGES.items())
 
 
 def _campaign(args) -> int:
-    from suite.campaign import precounting, stage
-    from suite.campaign.stages import STAGES
+    from suite.commands.campaign import precounting, stage
+    from suite.commands.campaign.stages import STAGES
 
     if args.estimate:
-        from suite.estimate import estimate, report
+        from suite.commands.estimate import estimate, report
 
         print(report(estimate(STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
         return 0
     if args.next:
-        from suite.campaign.next_unit import next_unit
+        from suite.commands.campaign.next_unit import next_unit
 
         print(next_unit(args.device, rounds=args.rounds))
         return 0

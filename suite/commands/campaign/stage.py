@@ -8,17 +8,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from suite.campaign import stages
-from suite.campaign.pytest_steps import BENCH_TESTS, COUNTED_TESTS, counted_line, run_cuda_tests, run_pytest
-from suite.campaign.report import StageReport, campaign_dir, environment, pack, summary_line
+from suite.commands.campaign import stages
+from suite.commands.campaign.pytest_steps import BENCH_TESTS, COUNTED_TESTS, counted_line, run_cuda_tests, run_pytest
+from suite.commands.campaign.report import StageReport, campaign_dir, environment, pack, summary_line
+from suite.commands.estimate import CUT, NOT_STARTED, estimate, part_line
+from suite.commands.sweep import sweep
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
 from suite.core.worker_client import close_shared_worker
-from suite.estimate import CUT, NOT_STARTED, estimate, part_line
 from suite.measure.machine import fingerprint
 from suite.records.schema import status_of
-from suite.sweep import sweep
 
 
 @dataclass(frozen=True)

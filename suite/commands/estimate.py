@@ -326,7 +326,7 @@ def _bench_seconds(cell: Cell, table: CostTable) -> tuple[float, str]:
 
 
 def sweep_plan(s, table: CostTable, rounds: int | None, worker: bool, results_dir: Path) -> Plan:
-    """The plan the campaign's sweep `s` (suite.campaign.stages.Sweep) makes on the target: the runner's own
+    """The plan the campaign's sweep `s` (suite.commands.campaign.stages.Sweep) makes on the target: the runner's own
     (suite.core.plan), from the target's records, with what the target cannot run (its environment report) and
     the counts that put capped cells past their caps (those stored for it, else the latest count record)."""
     req = s.request(rounds=rounds, worker=worker, results_dir=results_dir, as_on_gpu=True)
@@ -352,7 +352,7 @@ def _settled(d: Decision, table: CostTable) -> str:
 def estimate(
     stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None
 ) -> list[Line]:
-    """Every stage's lines (suite.campaign.stages.STAGES): its tests, then each sweep's cells as the runner's plan
+    """Every stage's lines (campaign.stages.STAGES): its tests, then each sweep's cells as the runner's plan
     decides them on the target (one line each, in the plan's order; a cell that runs costs its rounds in the order
     they run: round by round, grouped by shape in the worker, which keeps one model shape at a time)."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
@@ -431,7 +431,7 @@ def report(lines: list[Line], device: str) -> str:
     """Each stage's total and its lines (a cell's: the plan's decision, the rounds it runs, and the seconds of all
     of them together), then `estimated device time: N s`."""
     out = [
-        f"campaign estimate for {device} (suite/estimate.py says how each figure is made)",
+        f"campaign estimate for {device} (suite/commands/estimate.py says how each figure is made)",
         f"  {'part or cell':<44} {'decision':<12} {'rounds':>6} {'all rounds':>10}  how",
     ]
     total = 0.0
