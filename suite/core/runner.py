@@ -25,13 +25,12 @@ from suite.core.plan import (
     UNTOUCHED,
     Decision,
     Plan,
-    due,
     expand,
     plan,
 )
-from suite.core.recorder import Recorder
+from suite.core.recorder import CellRounds, Recorder
 from suite.core.request import SweepRequest
-from suite.core.rounds import comparable, merge
+from suite.core.rounds import merge
 from suite.measure.machine import fingerprint
 from suite.records import store
 from suite.records.schema import Outcome, Record, failed, status_of
@@ -142,67 +141,52 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Rounds:
-    """The cells a plan leaves to measure, round by round, each round's outcome merged into the cell's record."""
+    """The cells a plan leaves to measure, pass by pass: each due cell-round run through the sweep's launcher and
+    handed to its cell's CellRounds, which the recorder saves (suite.core.recorder); a deadline leaves the rest."""
 
     def __init__(self, req: SweepRequest, p: Plan, recorder: Recorder, progress: Callable[[str], None]):
         self.req, self.recorder, self.progress, self.plan = req, recorder, progress, p
         self.todo, self.tags, self.sweep = p.todo, p.tags, p.sweep
-        self.done = {d.cell.key: list(d.resumed) for d in p.of(*RUNS)}  # each cell's rounds: resumed, then new
+        self.cells = {
+            d.cell.key: CellRounds(
+                d.cell, p.planned(d.cell), d.resumed, p.aside.get(d.cell.key, []), d.cell.key in p.own, req.force
+            )
+            for d in p.of(*RUNS)
+        }
         self.longest, self.left = 0.0, []  # the longest cell-round so far; the cell-rounds left at the deadline
         self.launcher: Fresh | None = None  # chosen when the rounds start (launcher.choose)
-        # Each cell's rounds of another path, set aside (one_path), those of the calls it resumes from included.
-        self.aside: dict[str, list[dict]] = {k: list(v) for k, v in p.aside.items()}
         # For the time left: the cell-rounds this call has to run, and the seconds those run so far took.
-        self.total = sum(max(self.planned(c) - len(self.done[c.key]), 0) for c in p.todo)
+        self.total = sum(max(c.planned - len(c.done), 0) for c in self.cells.values())
         self.ran, self.spent = 0, 0.0
-        self.own = p.own  # cells with a record here before this call: never written over by a hold
-        self.replaced: set[str] = set()  # under --force, the cells whose complete new record has replaced the old
-
-    def keeps_earlier(self, cell: Cell) -> bool:
-        """Whether `cell`'s earlier record stands until its new one is complete: under --force, where it has one (a
-        forced sweep cut short must not leave a partial record, or none, where a finished one was)."""
-        return self.req.force and cell.key in self.own and cell.key not in self.replaced
-
-    def planned(self, cell: Cell) -> int:
-        return self.plan.planned(cell)
-
-    def due(self, cell: Cell, r: int) -> bool:
-        """Whether `cell` runs a round in pass `r` (plan.due: one whose rounds of another path were set aside makes
-        them up in the passes after the last), and none failed."""
-        done = self.done[cell.key]
-        making_up = cell.key in self.aside  # only rounds set aside are made up past the last pass
-        return due(len(done), self.planned(cell), r, making_up) and not (done and done[-1]["status"] != "ok")
 
     def run(self) -> dict[str, Record]:
-        """Every due cell-round, round by round; returns the records made."""
+        """Every due cell-round, pass by pass (the passes past `rounds` make up rounds set aside: CellRounds.take);
+        returns the records made."""
         records: dict[str, Record] = {}
-        req = self.req
-        fresh = [c for c in self.todo if not self.done[c.key]]
-        self.launcher = choose(req, self.sweep, fresh, self.progress)
+        fresh = [c for c in self.todo if not self.cells[c.key].done]
+        self.launcher = choose(self.req, self.sweep, fresh, self.progress)
         completed = False
         try:
-            for r in range(1, 2 * req.rounds + 1):  # the passes past `rounds` make up rounds set aside (one_path)
-                for cell in self.plan.order([c for c in self.todo if self.due(c, r)], r):
-                    planned = self.planned(cell)
-                    tag = self.tags[cell.key] + (
-                        f" round {len(self.done[cell.key]) + 1}/{planned}" if planned > 1 else ""
-                    )
-                    if req.deadline is not None and (self.left or time.time() + self.longest > req.deadline):
+            for r in range(1, 2 * self.req.rounds + 1):
+                for cell in self.plan.order([c for c in self.todo if self.cells[c.key].due(r)], r):
+                    cr = self.cells[cell.key]
+                    tag = self.tags[cell.key] + (f" round {len(cr.done) + 1}/{cr.planned}" if cr.planned > 1 else "")
+                    if self.req.deadline is not None and (self.left or time.time() + self.longest > self.req.deadline):
                         self.left.append(tag)
                         continue
                     try:
-                        records[cell.key] = self.one(cell, tag)
+                        records[cell.key] = self.one(cr, tag)
                     except Interrupted:
                         raise
                     except KeyboardInterrupt:  # between a launch's steps: the round is discarded all the same
-                        raise self.interrupted(cell, tag) from None
+                        raise self.interrupted(cr, tag) from None
             completed = True
         finally:
             self.launcher.close(completed)  # where it did not complete: every cell process at once
         if self.left:
             n = len(self.left)
-            self.hold("left at the deadline; the same command runs it in this sweep")
-            if req.force and (rest := self.not_in_full()):
+            self.recorder.hold(self.cells.values(), "left at the deadline; the same command runs it in this sweep")
+            if self.req.force and (rest := self.not_in_full()):
                 self.progress(f"deadline reached: {n} cell-round(s) left; {self.forced_rest(rest)}")
             else:
                 self.progress(
@@ -210,30 +194,36 @@ class Rounds:
                 )
         return records
 
+    def one(self, cr: CellRounds, tag: str) -> Record:
+        """One round of `cr`'s cell: run it, hand it to the cell's rounds, save the record, report it."""
+        self.progress(f"{tag}: running ...")
+        started = time.time()
+        outcome = self.launcher.run(cr.cell, self.req.timeout)
+        took = time.time() - started
+        if outcome["status"] == "error: interrupted":
+            raise KeyboardInterrupt
+        self.longest = max(self.longest, took)  # the deadline's yardstick
+        if said := cr.take(outcome):
+            self.progress(f"{tag}: {said}")
+        record = self.recorder.record(cr, tag)  # saved before it is reported
+        self.ran, self.spent = self.ran + 1, self.spent + took
+        own = outcome.get("duration_s")  # the cell's own time (a count that ran ahead was waited on for none)
+        own = own if isinstance(own, (int, float)) else took
+        self.progress(f"{tag}: {record['status']} in {own:.1f}s{self._figures(outcome, record)}{self._left()}")
+        return record
+
     def not_in_full(self) -> list[Cell]:
         """Under --force, the cells this call did not measure again in full (an earlier record kept, or none made)."""
-        return [c for c in self.todo if self.keeps_earlier(c) or (c.key not in self.own and not self.final(c))]
+        return [c for c in self.todo if not self.cells[c.key].in_full]
 
-    def hold(self, why: str) -> None:
-        """Save each cell that has not measured a round yet and has no record of its own as `pending: <why>` in this
-        sweep, so that the call which runs it joins the sweep (suite.core.plan) and its ratios hold. A record there
-        before (finished, partial, an error) is never written over: such a cell joins the sweep through the cells
-        this call did record (their partial records), or, where there are none, is measured in a new sweep."""
-        for cell in self.todo:
-            if not self.done[cell.key] and cell.key not in self.own:
-                self.recorder.save(cell, failed(f"pending: {why}"))
-
-    def interrupted(self, cell: Cell, tag: str) -> Interrupted:
-        """The running round is discarded; the cell's finished rounds are saved as a partial record (in this sweep,
-        which the same command resumes), but under --force over no earlier record of its own (that stands until
-        its replacement is complete); a cell with none keeps whatever record it had."""
-        kept = [r for r in self.done[cell.key] if r["status"] == "ok"]
-        if kept and len(kept) < self.planned(cell) and not self.keeps_earlier(cell):  # (all done: saved final)
-            self.recorder.save(cell, self.with_aside(cell, merge(kept, self.planned(cell))), final=False, tag=tag)
-        self.hold("interrupted before it ran; the same command runs it in this sweep")
+    def interrupted(self, cr: CellRounds, tag: str) -> Interrupted:
+        """The running round is discarded; the cell's finished rounds are kept (Recorder.interrupted), the cells not
+        begun held in this sweep, which the same command resumes; says so in one line."""
+        self.recorder.interrupted(cr, tag)
+        self.recorder.hold(self.cells.values(), "interrupted before it ran; the same command runs it in this sweep")
         what = f"interrupted: {tag.split('] ', 1)[-1]} discarded its running round"
         if not self.req.force:
-            rounds = sum(len(v) for v in self.done.values())
+            rounds = sum(len(c.done) for c in self.cells.values())
             return Interrupted(
                 f"{what}; {rounds} finished cell-round(s) of sweep {self.sweep} are kept, and the same command "
                 "resumes it"
@@ -252,10 +242,6 @@ class Rounds:
             f"measure them again: {self.command(rest)}"
         )
 
-    def final(self, cell: Cell) -> bool:
-        done = self.done[cell.key]
-        return bool(done) and (len(done) >= self.planned(cell) or done[-1]["status"] != "ok")
-
     def command(self, cells: list[Cell]) -> str:
         """The command that measures `cells` again as this sweep asked (--force, its profile, settings, rounds)."""
         req = self.req
@@ -270,57 +256,6 @@ class Rounds:
         for c in cells:
             parts += ["--only", c.row.name]
         return shlex.join(parts)  # (a sweep across nodes: each node runs it with its --nnodes and --node-rank)
-
-    def one(self, cell: Cell, tag: str) -> Record:
-        """One round of `cell`: run it, merge it with the rounds before, save the record, report it."""
-        self.progress(f"{tag}: running ...")
-        started = time.time()
-        outcome = self.launcher.run(cell, self.req.timeout)
-        took = time.time() - started
-        if outcome["status"] == "error: interrupted":
-            raise KeyboardInterrupt
-        self.longest = max(self.longest, took)  # the deadline's yardstick
-        outcome = self.one_path(cell, outcome, tag)
-        self.done[cell.key].append(outcome)
-        merged = self.with_aside(cell, merge(self.done[cell.key], self.planned(cell)))
-        final = status_of(merged).kind != "partial"
-        if final or not self.keeps_earlier(cell):
-            record = self.recorder.save(cell, merged, final, tag)  # saved before it is reported
-            if final:
-                self.replaced.add(cell.key)
-        else:  # under --force the earlier record stands until this one is complete
-            record = self.recorder.label(cell, merged)
-        self.ran, self.spent = self.ran + 1, self.spent + took
-        own = outcome.get("duration_s")  # the cell's own time (a count that ran ahead was waited on for none)
-        own = own if isinstance(own, (int, float)) else took
-        self.progress(f"{tag}: {record['status']} in {own:.1f}s{self._figures(outcome, record)}{self._left()}")
-        return record
-
-    def with_aside(self, cell: Cell, merged: Outcome) -> Outcome:
-        """`merged` with the cell's rounds set aside in its metrics (a partial record resumed later keeps them)."""
-        if not self.aside.get(cell.key):
-            return merged
-        return {**merged, "metrics": {**merged["metrics"], "rounds_set_aside": self.aside[cell.key]}}
-
-    def one_path(self, cell: Cell, outcome: Outcome, tag: str) -> Outcome:
-        """No silent choice between rounds of different paths (the code, or the harness: dropout path, attention
-        kernel, LAMB kernel). A round whose path differs from the cell's rounds before it sets those aside (their
-        figures kept in the record's `rounds_set_aside`, out of its median) and the cell is measured again under
-        this round's path in the passes that follow; a cell whose path changes a second time is an error naming
-        both paths (its figures those of the second path's rounds)."""
-        before = [r for r in self.done[cell.key] if r["status"] == "ok"]
-        if outcome["status"] != "ok" or not before or comparable(before[-1]) == comparable(outcome):
-            return outcome
-        paths = f"{_path_of(before[-1])}, then {_path_of(outcome)}"
-        kept = ("throughput", "memory_gb")
-        self.aside.setdefault(cell.key, []).extend(
-            {"path": _path_of(r), **{k: r["metrics"].get(k) for k in kept}} for r in before
-        )
-        if len(self.aside[cell.key]) > len(before):  # set aside before: the path changed twice
-            return failed(f"error: its rounds took different paths twice ({paths})", outcome.get("error"))
-        self.done[cell.key] = []
-        self.progress(f"{tag}: {len(before)} earlier round(s) ran another path ({paths}): set aside, measured again")
-        return outcome
 
     @staticmethod
     def _figures(outcome: Outcome, record: Record) -> str:
@@ -346,15 +281,3 @@ class Rounds:
         if self.req.measure == "count":
             return f"; {left} cell(s) left"
         return f"; {left} cell-round(s) left, about {left * self.spent / self.ran:.0f}s at the mean so far"
-
-
-def _path_of(outcome: Outcome) -> str:
-    """A round's path as its record states it: the code's digest and the harness's paths, e.g. `code 1a2b3c4d;
-    dropout hash_triton, attention_triton (tuned); host_lamb fused`."""
-    prov = outcome.get("provenance") or {}
-    parts = [f"code {str(prov['code'])[:8]}"] if prov.get("code") else []
-    for name, taken in sorted((prov.get("harness") or {}).items()):
-        if isinstance(taken, dict):
-            taken = ", ".join(f"{k} ({v})" if v else str(k) for k, v in sorted(taken.items()))
-        parts.append(f"{name} {taken}")
-    return "; ".join(parts) or "no path recorded"
