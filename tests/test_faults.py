@@ -476,3 +476,87 @@ def test_a_step_that_cannot_be_a_measurement_is_refused_naming_the_step(samples,
     honest = Fake()
     honest.step = lambda batch: StepStats(loss=1.0, samples=batch.size)
     assert measure(honest, synthetic_batches(run), 0, 2, torch.device("cpu")).samples_per_step == 4
+
+
+@pytest.mark.parametrize(
+    "size, said",
+    [("1e999GiB", "is not understood"), ("nanGB", "is not understood"), ("5000000TiB", "past any machine")],
+)
+def test_an_absurd_size_is_one_line(size, said):
+    """`--device-memory 1e999GiB` raised OverflowError (a traceback)."""
+    from suite.config.errors import ConfigError
+    from suite.config.sizes import parse_size
+
+    with pytest.raises(ConfigError, match=said):
+        parse_size(size)
+
+
+def test_a_plugin_module_that_is_not_there_is_one_line(monkeypatch):
+    """SUITE_PLUGINS=no_such_module gave ModuleNotFoundError's traceback."""
+    from suite.config.errors import ConfigError
+
+    monkeypatch.setenv("SUITE_PLUGINS", "no_such_module")
+    with pytest.raises(ConfigError, match="'no_such_module', which is not an importable module"):
+        registry.load_plugins()
+
+
+def test_a_reader_that_goes_away_leaves_the_run_to_finish(tmp_path):
+    """`... | head -1` gave a BrokenPipeError traceback before any cell ran; the run now finishes, its record saved."""
+    env = {**os.environ, "SUITE_RESULTS_DIR": str(tmp_path), "SUITE_MACHINE": "m"}
+    cmd = [sys.executable, "-m", "suite", "run", "table2", "--profile", "tiny", "--only", "baseline-fp32"]
+    cmd += ["--measure", "count", "--wandb", "off"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err, err
+    assert [json.loads(p.read_text())["status"] for p in (tmp_path / "runs" / "m").glob("*.json")] == ["ok"]
+
+
+def test_a_results_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """`render` on a results folder that is a file gave FileExistsError's traceback."""
+    (tmp_path / "file").write_text("")
+    env = {**os.environ, "SUITE_RESULTS_DIR": str(tmp_path / "file")}
+    done = subprocess.run(
+        [sys.executable, "-m", "suite", "render", "table2"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and line.startswith("error: ") and str(tmp_path / "file") in line, done.stderr
+
+
+def test_a_stored_count_or_planner_cache_cut_short_is_made_again(tmp_path, monkeypatch):
+    """A truncated precount raised JSONDecodeError in `campaign --estimate`, `--precount` and the GPU sweeps; a
+    truncated planner profile or links file in every `plan`."""
+    from methods.pipeline.planner import costmodel, profiling
+    from suite.config.run import RunConfig
+    from suite.core import precount
+    from suite.core.experiment import get_experiment
+
+    cell = get_experiment("table2").cells("tiny", ["baseline-fp32"])[0]
+    path = precount._path(tmp_path, cell)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"status": "ok", "metr')
+    assert precount.load(tmp_path, cell, "code", "torch", None) is None
+
+    links = costmodel.links_path(tmp_path)
+    links.write_text('{"p2p": {"lat')
+    assert costmodel.load_links(tmp_path).p2p == costmodel.ASSUMED_CPU_LINK
+    costmodel.save_links(tmp_path, None, None)  # mends it
+    assert json.loads(links.read_text()) == {}
+
+    run = RunConfig()
+    made, real = [], profiling.Profile(source="measured: here", seq_len=8, layers=[])
+    monkeypatch.setattr(profiling, "measure_profile", lambda *a, **k: made.append(1) or real)
+    key = profiling.profile_key(run, (2, 4, 8), None, None)
+    (tmp_path / f"{key}.json").write_text('{"layers": [')
+    assert profiling.cached_profile(run, tmp_path) is real and made == [1]
+    assert profiling.Profile.from_dict(json.loads((tmp_path / f"{key}.json").read_text())) == real
+
+
+def test_a_record_whose_run_has_a_key_no_run_has_is_off_the_schema():
+    """Such a record raised TypeError in every `render` and `run` of its table."""
+    from suite.records.schema import problems
+
+    said = problems({"config": {"run": {"method": "grad_accum", "bogus": 1, "model": {"layers_x": 2}}}})
+    assert "config.run has 'bogus', which no run has" in said
+    assert "config.run.model has 'layers_x', which no model has" in said

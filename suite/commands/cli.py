@@ -364,7 +364,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Stdout:
+    """This process's stdout, that outlives its reader: where the reader goes (`| head -1`), one line on stderr, and
+    the run goes on with its lines dropped (its records and tables are what it is for)."""
+
+    def __init__(self, inner):
+        self.inner, self.gone = inner, False
+
+    def _lost(self) -> None:
+        if not self.gone:
+            self.gone = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.inner.fileno())  # what is buffered drains there
+            print("note: stdout's reader is gone; the run goes on, its lines no longer shown", file=sys.stderr)
+
+    def write(self, text: str) -> int:
+        try:
+            return self.inner.write(text)
+        except BrokenPipeError:
+            self._lost()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.inner.flush()
+        except BrokenPipeError:
+            self._lost()
+            self.inner.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    stdout = sys.stdout
+    try:
+        stdout.fileno()
+        sys.stdout = _Stdout(stdout)
+    except (AttributeError, OSError, ValueError):  # no file behind it (a test's capture): nothing to lose
+        pass
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command they were given to, with its usage, not the top level's
@@ -379,6 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a folder or file it could not write or read: one line (records are saved as they come)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(
+            f"error: {exc.strerror or exc}{where} (every record already made is saved: the same command goes on "
+            "from them once this is mended)",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt as exc:  # one line, no traceback (suite.core.runner.Interrupted says what was kept)
         print(str(exc) or "interrupted: no cell was running; every record made is saved", file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ file (the last rename wins, each file whole)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -23,3 +24,15 @@ def write_atomic(path: Path | str, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_object(path: Path | str) -> dict | None:
+    """The JSON object stored at `path`; None where there is none, or where what is there is not one (a file cut
+    short by a killed writer, another shape): a cache or a stored count read so is made again, never half-trusted."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from suite.config.errors import ConfigError
+
+MAX_BYTES = 2**60  # an exbibyte: far past any machine, short of a float's overflow
 
 _SIZE_UNITS = {
     "b": 1,
@@ -26,9 +30,11 @@ def parse_size(text: str) -> int:
         value = float(num)
     except ValueError:
         value = -1.0
-    if unit not in _SIZE_UNITS or value <= 0:
+    if unit not in _SIZE_UNITS or not value > 0 or not math.isfinite(value):
         raise ConfigError(
             f"size {text!r} is not understood: use a positive number with one of "
             "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. 16GiB)"
         )
+    if value * _SIZE_UNITS[unit] > MAX_BYTES:
+        raise ConfigError(f"size {text!r} is past any machine: at most 1 EiB (1024 PiB) is accepted")
     return int(value * _SIZE_UNITS[unit])

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from suite.config.files import write_atomic
+from suite.config.files import read_object, write_atomic
 from suite.core.experiment import Cell
 from suite.records.schema import Outcome
 
@@ -61,10 +61,9 @@ def load(
 ) -> Outcome | None:
     """The stored count of `cell` if it was made by the same code (provenance.code) under the same torch and
     transformers, and finished (fits, or `oom`); else None."""
-    path = _path(results_dir, cell)
-    if not path.exists():
+    rec = read_object(_path(results_dir, cell))  # none, or cut short: counted again (and saved whole)
+    if rec is None:
         return None
-    rec = json.loads(path.read_text())
     prov = rec.get("provenance") or {}
     same = (prov.get("code"), prov.get("torch"), prov.get("transformers")) == (
         code,

@@ -270,8 +270,16 @@ def load_all() -> None:
 
 def load_plugins() -> None:
     """Import the modules SUITE_PLUGINS names (comma-separated), whose methods register themselves."""
-    for mod in filter(None, os.environ.get("SUITE_PLUGINS", "").split(",")):
-        importlib.import_module(mod.strip())
+    for mod in filter(None, (m.strip() for m in os.environ.get("SUITE_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod and not mod.startswith(f"{exc.name}."):
+                raise  # the plugin is there; something it imports is not: its own traceback says what
+            raise ConfigError(
+                f"SUITE_PLUGINS names {mod!r}, which is not an importable module: give comma-separated module names "
+                "on the path (the tree, or PYTHONPATH), e.g. SUITE_PLUGINS=my_methods"
+            ) from None
 
 
 def _find(name: str) -> type[Method] | None:

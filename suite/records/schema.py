@@ -125,11 +125,30 @@ def problems(record: Any, shape: type = Record) -> list[str]:
             for k in NUMERIC_METRICS
             if k in metrics and metrics[k] is not None and not _matches(metrics[k], float)
         ]
+    out += _config_problems(record.get("config"))
     version = record.get("schema", 1)
     if isinstance(version, int) and not isinstance(version, bool) and version < 1:
         out.append(f"schema {version} is not one this suite reads (1 to {SCHEMA_VERSION})")
     if newer(record):
         out.append(f"schema {record['schema']} is newer than this suite's {SCHEMA_VERSION}")
+    return out
+
+
+def _config_problems(config: Any) -> list[str]:
+    """Keys of a record's run configuration that this suite's RunConfig (and ModelConfig) do not have: such a record
+    cannot be read back as a run (a table's labels, the estimate), so it is set aside like any off the schema."""
+    from dataclasses import fields
+
+    from suite.config.run import ModelConfig, RunConfig
+
+    run = config.get("run") if isinstance(config, dict) else None
+    if not isinstance(run, dict):
+        return []
+    out = [f"config.run has {k!r}, which no run has" for k in sorted(run.keys() - {f.name for f in fields(RunConfig)})]
+    model = run.get("model")
+    if isinstance(model, dict):
+        known = {f.name for f in fields(ModelConfig)}
+        out += [f"config.run.model has {k!r}, which no model has" for k in sorted(model.keys() - known)]
     return out
 
 

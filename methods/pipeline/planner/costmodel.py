@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from methods.pipeline.planner.costs import GRAD_AND_STATE_BYTES, DeviceSpec, LayerCost, Line, Link, Links, Profile
+from suite.config.files import read_object, write_atomic
 
 # ---------------------------------------------------------------------------------------------------
 # Analytic profiles: a transformer's FLOPs at an achieved rate, activations by the standard count.
@@ -104,16 +105,20 @@ def save_links(cache_dir: Path, p2p: Link | None, all_reduce: Link | None) -> No
     """Store the links calibrated here (None keeps the one stored before)."""
     path = links_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(path.read_text()) if path.exists() else {}
+    old = read_object(path) or {}  # none, or cut short: what is calibrated now replaces it
     new = {k: dataclasses.asdict(v) for k, v in (("p2p", p2p), ("all_reduce", all_reduce)) if v is not None}
-    path.write_text(json.dumps({**old, **new}, indent=1))
+    write_atomic(path, json.dumps({**old, **new}, indent=1))
 
 
 def load_links(cache_dir: Path) -> Links:
     """The links calibrated here before, else the assumed CPU link for either."""
     path = links_path(cache_dir)
-    saved = json.loads(path.read_text()) if path.exists() else {}
-    return Links(
-        p2p=Link(**saved["p2p"]) if "p2p" in saved else ASSUMED_CPU_LINK,
-        all_reduce=Link(**saved["all_reduce"]) if "all_reduce" in saved else ASSUMED_CPU_LINK,
-    )
+    saved = read_object(path) or {}  # none, or cut short (a killed run): the assumed link until calibrated again
+
+    def link(name: str) -> Link:
+        try:
+            return Link(**saved[name])
+        except (KeyError, TypeError):
+            return ASSUMED_CPU_LINK
+
+    return Links(p2p=link("p2p"), all_reduce=link("all_reduce"))

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from methods.pipeline.planner.costs import LayerCost, Line, Profile
+from suite.config.files import read_object, write_atomic
 
 
 def _median_time(fn, repeats: int, device: torch.device = torch.device("cpu")) -> float:
@@ -227,9 +228,12 @@ def cached_profile(
     """measure_profile, cached per model, machine and device as JSON under `cache_dir` (seconds to minutes)."""
     key = profile_key(run, micro_batch_sizes, threads, device if device is not None and device.type == "cuda" else None)
     path = Path(cache_dir) / f"{key}.json"
-    if path.exists() and not refresh:
-        return Profile.from_dict(json.loads(path.read_text()))
+    stored = None if refresh else read_object(path)
+    if stored is not None:
+        try:
+            return Profile.from_dict(stored)
+        except (KeyError, TypeError, ValueError):  # another shape: measured again, below
+            pass
     prof = measure_profile(run, tuple(micro_batch_sizes), threads=threads, device=device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(prof.to_dict(), indent=1))
+    write_atomic(path, json.dumps(prof.to_dict(), indent=1))  # whole or not at all: a killed run leaves none
     return prof
