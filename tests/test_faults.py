@@ -1,6 +1,7 @@
 """Faults an adversarial user finds (issue 43): kills, interrupts, concurrent saves, bad values and bad records.
 Each test is the exact trigger; nothing measured is lost and every status says what happened."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -560,3 +561,24 @@ def test_a_record_whose_run_has_a_key_no_run_has_is_off_the_schema():
     said = problems({"config": {"run": {"method": "grad_accum", "bogus": 1, "model": {"layers_x": 2}}}})
     assert "config.run has 'bogus', which no run has" in said
     assert "config.run.model has 'layers_x', which no model has" in said
+
+
+def test_a_figure_goes_with_its_table_and_a_table_without_records_says_so(tmp_path, monkeypatch):
+    """After a sweep whose reference failed, or with runs/ deleted, `render` kept the old figures (the README's
+    headline among them) and wrote a 0-byte table2.md."""
+    from suite.commands.sweep import render
+    from suite.core.experiment import get_experiment
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    exp = get_experiment("table2")
+    req = SweepRequest(exp, "tiny", only=("baseline-fp32", "l2l-fp32"), results_dir=tmp_path, wandb_mode="off")
+    sweep(dataclasses.replace(req, measure="count"), progress=lambda _: None)
+    drawn = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
+    assert drawn == ["front_table2_memory_gb.png", "table2_memory_gb.png"], drawn
+    for p in (tmp_path / "runs").rglob("*.json"):
+        p.unlink()
+    said = []
+    render(exp, tmp_path, said.append)
+    assert not list((tmp_path / "figures").glob("*.png")), said
+    assert sum("removed" in s for s in said) == 2
+    assert "No records yet, on any machine" in (tmp_path / "table2.md").read_text()

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from suite.config import paths
+from suite.config.files import write_atomic
 from suite.core.experiment import Experiment
 from suite.core.request import SweepRequest
 from suite.core.runner import run_cells
@@ -94,7 +95,29 @@ def render(exp: Experiment, results_dir: Path | None = None, progress=print) -> 
     md_path, csv_path = tables.write_tables(exp, results_dir)
     progress(f"wrote {md_path} and {csv_path}")
     written = [md_path, csv_path]
-    for path in exp.figure(exp, results_dir) if exp.figure is not None else []:
+    figures = [Path(p) for p in (exp.figure(exp, results_dir) if exp.figure is not None else [])]
+    for path in figures:
         progress(f"wrote {path}")
-        written.append(Path(path))
-    return written
+    for path in _figures_dropped(exp, results_dir, figures):
+        progress(f"removed {path} (its table no longer draws it)")
+    return written + figures
+
+
+def _figures_dropped(exp: Experiment, results_dir: Path, figures: list[Path]) -> list[Path]:
+    """Remove the figures `exp`'s last render wrote and this one did not (a figure never shows what its table no
+    longer does: a ratio whose reference failed, a section gone), per its list in results/figures/written/; before
+    any list, those named `<experiment>_*.png` or `front_<experiment>_*.png`. Returns the paths removed."""
+    folder = results_dir / "figures"
+    listing = folder / "written" / f"{exp.name}.txt"
+    try:
+        before = {folder / n for n in listing.read_text().split("\n") if n}
+    except FileNotFoundError:
+        before = {*folder.glob(f"{exp.name}_*.png"), *folder.glob(f"front_{exp.name}_*.png")}
+    now = {p.resolve() for p in figures}
+    gone = sorted(p for p in before if p.resolve() not in now and p.exists())
+    for p in gone:
+        p.unlink()
+    if figures or listing.exists():
+        names = sorted(p.name for p in figures if p.parent.resolve() == folder.resolve())
+        write_atomic(listing, "".join(f"{n}\n" for n in names))
+    return gone

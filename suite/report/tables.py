@@ -528,6 +528,11 @@ def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
             csv_rows.append(["section", *lines[0]])
         csv_rows += [[title, *line] for line in lines[1:]]
     md_path, csv_path = results_dir / f"{exp.name}.md", results_dir / f"{exp.name}.csv"
+    if not parts:  # no records on any machine: a page that says so, never an empty file
+        parts.append(
+            f"# {exp.title}\n\nSource: {exp.source}\n\nNo records yet, on any machine: "
+            f"`{paths.DOCUMENTED_SUITE} run {exp.name}` measures them.\n"
+        )
     write_atomic(md_path, "\n".join(parts))
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(csv_rows)
