@@ -20,6 +20,19 @@ def base(profile: str) -> dict:
     return bert_base(profile)
 
 
+def batch_labels(run) -> dict:
+    """The batch columns of what a cell ran (a `--set` variant's own): the micro-batch a device holds, the
+    relay's micro-batch (the whole device batch at once: L2L's, and the peers' that run its shape; "NA" for
+    gradient accumulation), and the samples a device takes a step."""
+    relay = run.method not in ("grad_accum", "amp")
+    per_device = run.micro_batch_size * run.num_micro_batches
+    return {
+        "device batch": run.micro_batch_size,
+        "uBatch": run.micro_batch_size if relay else "NA",
+        "batch/device": per_device,
+    }
+
+
 def rows(profile: str) -> list[Row]:
     per_device, device_batch = _SHAPES[profile]
     accum = {"micro_batch_size": device_batch, "num_micro_batches": per_device // device_batch}
@@ -114,6 +127,7 @@ EXPERIMENT = Experiment(
     source="L2L paper (l2l-constant-memory.txt), Table 2: BERT-Large on 4x V100-16GB, SST-2, total batch 256",
     metrics=[Metric("throughput", "throughput (samples/s)"), Metric("memory_gb", "memory", unit="GB")],
     label_columns=["precision", "device batch", "uBatch", "batch/device", "stash", "overlap", "peer"],
+    labels_of=batch_labels,
     baseline="baseline-fp32",
     rows=rows,
     base=base,

@@ -582,3 +582,23 @@ def test_a_figure_goes_with_its_table_and_a_table_without_records_says_so(tmp_pa
     assert not list((tmp_path / "figures").glob("*.png")), said
     assert sum("removed" in s for s in said) == 2
     assert "No records yet, on any machine" in (tmp_path / "table2.md").read_text()
+
+
+def test_a_variants_labels_and_rerun_hint_are_what_ran(tmp_path, monkeypatch):
+    """A `--set num_micro_batches=2` run showed the definition's batch/device; the printed re-run command for its
+    contended rows dropped every --set and --device-memory, so following it measured the table's own rows."""
+    from suite.config.run import RunConfig
+    from suite.core.experiment import get_experiment
+    from suite.report import tables
+
+    exp = get_experiment("table2")
+    for cell in exp.cells("paper"):  # the default runs: the derived labels are the definition's
+        assert all(cell.row.labels[k] == v for k, v in exp.labels_of(cell.run).items()), cell.row.name
+    (cell,) = exp.cells("tiny", ["baseline-fp32"], ["num_micro_batches=4"])
+    rec = {"config": {"run": cell.run.to_dict()}, "status": "ok", "metrics": {}}
+    run = RunConfig.from_dict(rec["config"]["run"])
+    labels = tables.labels_of(exp, dataclasses.replace(cell, run=run), rec)
+    assert labels["batch/device"] == run.micro_batch_size * 4 != cell.row.labels["batch/device"]
+    req = SweepRequest(exp, "tiny", overrides=("num_micro_batches=4",), device_memory="8GiB")
+    said = tables.rerun_command("table2", "tiny", ["baseline-fp32"], req.settings)
+    assert "--set num_micro_batches=4" in said and "--device-memory 8GiB" in said and "--only baseline-fp32" in said

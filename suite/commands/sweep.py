@@ -34,9 +34,10 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
         progress(f"this machine's rows: section '{title}' of {req.results_dir / (exp.name + '.md')}")
     busy = [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})]
     if busy:  # never silent: one line naming them and the command that measures them again
+        rerun = tables.rerun_command(exp.name, cells[0].profile, busy, req.settings)
         progress(
             f"contended (the machine was busy while they were timed; their ratios are not shown): "
-            f"{', '.join(busy)}; on an idle machine: {tables.rerun_command(exp.name, cells[0].profile, busy)}"
+            f"{', '.join(busy)}; on an idle machine: {rerun}"
         )
     fresh = [r for r in records if r.get("sweep") and str(r.get("finished", "")) >= started]
     if not fresh:  # nothing measured by this call: its table run would repeat the sweep's own

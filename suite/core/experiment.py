@@ -144,6 +144,9 @@ class Experiment:
     # For an experiment that reads a folder of data (`--data-dir`): what is wrong with a folder given, or None.
     # Experiments without it read none, and refuse one.
     data_check: Callable[[str], str | None] | None = None
+    # The label columns that follow from what a cell ran (a variant's `--set` changes them), from its run config:
+    # a table shows these from each record's config, never the row's definition for a run that differs from it.
+    labels_of: Callable[[Any], dict[str, Any]] | None = None
 
     def cells(
         self,

@@ -32,6 +32,7 @@ class Recorder:
             "profile": self.req.profile,
             "device_type": cell.run.device,
             "variant": self.req.variant,
+            "settings": self.req.settings,  # the flags that reproduce it (a printed re-run command carries them)
             "config": cell.resolved(),
             "machine": self.machine,
             # A reused twin was measured in its own sweep: a ratio against this sweep's rows must not be taken.

@@ -84,3 +84,13 @@ class SweepRequest:
         parts += [f"device_memory={self.device_memory}"] if self.device_memory else []
         parts += [f"nnodes={self.nodes.nnodes}"] if self.nodes.nnodes > 1 else []
         return ", ".join(parts + [f"set {o}" for o in self.overrides or []])
+
+    @property
+    def settings(self) -> list[str]:
+        """The command-line flags that make this sweep's cells what they are, the profile's aside: its cap, `--set`
+        overrides, whether memory is counted (a printed command that measures them again carries these, and each
+        record keeps them)."""
+        flags = ["--device-memory", self.device_memory] if self.device_memory else []
+        for o in self.overrides or ():
+            flags += ["--set", o]
+        return flags + (["--measure", "count"] if self.measure == "count" else [])

@@ -248,11 +248,7 @@ class Rounds:
         parts = [*paths.suite_command(), "run", req.experiment.name, "--profile", req.profile, "--force"]
         parts += ["--rounds", str(req.rounds)] if req.rounds != req.experiment.rounds else []
         parts += ["--timeout", f"{req.timeout:g}"] if req.timeout is not None else []
-        parts += ["--device-memory", req.device_memory] if req.device_memory else []
-        for o in req.overrides or ():
-            parts += ["--set", o]
-        parts += ["--worker"] if req.worker else []
-        parts += ["--measure", "count"] if req.measure == "count" else []
+        parts += [*req.settings, *(["--worker"] if req.worker else [])]
         for c in cells:
             parts += ["--only", c.row.name]
         return shlex.join(parts)  # (a sweep across nodes: each node runs it with its --nnodes and --node-rank)

@@ -43,6 +43,7 @@ class Record(Outcome):
     profile: str  # tiny | small | paper
     device_type: str  # cpu | cuda
     variant: str  # what differs from the experiment's default run ("" for the default)
+    settings: NotRequired[list[str]]  # the command-line flags that reproduce its cell (SweepRequest.settings)
     config: dict[str, Any]  # the cell's resolved config (Cell.resolved())
     finished: str  # ISO time the record was last written
     machine: NotRequired[dict[str, Any]]  # suite.measure.machine.fingerprint(); absent in records that predate it

@@ -7,6 +7,7 @@ import io
 import math
 import os
 import re
+import shlex
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ def _values(
     line: list[Any] = [
         cell.row.name,
         cell.run.method,  # what ran (a variant's method where it set one)
-        *[cell.row.labels.get(c, "") for c in exp.label_columns],
+        *[labels_of(exp, cell, rec).get(c, "") for c in exp.label_columns],
         shown,
         rec.get("sweep") if rec else None,
     ]
@@ -384,10 +385,11 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
     return "\n".join(md) + "\n", buf.getvalue()
 
 
-def rerun_command(experiment: str, profile: str, rows: list[str]) -> str:
-    """The command that measures `rows` again (with their reference row, suite.core.plan)."""
-    only = " ".join(f"--only {r}" for r in rows)
-    return f"{paths.DOCUMENTED_SUITE} run {experiment} --profile {profile} {only} --force"
+def rerun_command(experiment: str, profile: str, rows: list[str], settings: list[str] = ()) -> str:
+    """The command that measures `rows` again (with their reference row, suite.core.plan) as they were measured:
+    their `settings` (SweepRequest.settings: a cap, --set overrides) included."""
+    flags = " ".join([shlex.quote(f) for f in settings] + [f"--only {shlex.quote(r)}" for r in rows])
+    return f"{paths.DOCUMENTED_SUITE} run {experiment} --profile {profile} {flags} --force"
 
 
 def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
@@ -397,7 +399,8 @@ def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
     if not busy:
         return []
     names = ", ".join(f"`{c.row.name}`" for c, _ in busy)
-    rerun = rerun_command(exp.name, cells[0].profile, [c.row.name for c, _ in busy])
+    settings = next((r.get("settings") for _, r in busy if r.get("settings")), [])  # one section: one variant
+    rerun = rerun_command(exp.name, cells[0].profile, [c.row.name for c, _ in busy], settings)
     details = [f"- `{c.row.name}`: {'; '.join(metrics_of(r)['contention']['reasons'])}" for c, r in busy]
     return [
         f"`contended` ({names}): the machine was busy while they were timed (the bounds: suite/measure/contention.py), "
@@ -497,6 +500,14 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
             records.append(rec)
         out.append((section_title(profile, machine, dev, variant), cells, records))
     return out
+
+
+def labels_of(exp, cell: Cell, rec: Record | None) -> dict[str, Any]:
+    """A row's labels: its definition's, with those that follow from what ran (Experiment.labels_of) taken from the
+    record's own run config where it has one (a variant's --set changes them)."""
+    if rec is None or exp.labels_of is None:
+        return cell.row.labels
+    return {**cell.row.labels, **exp.labels_of(cell.run)}
 
 
 def section_title(profile: str, machine: str, device: str, variant: str = "") -> str:
