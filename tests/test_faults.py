@@ -602,3 +602,43 @@ def test_a_variants_labels_and_rerun_hint_are_what_ran(tmp_path, monkeypatch):
     req = SweepRequest(exp, "tiny", overrides=("num_micro_batches=4",), device_memory="8GiB")
     said = tables.rerun_command("table2", "tiny", ["baseline-fp32"], req.settings)
     assert "--set num_micro_batches=4" in said and "--device-memory 8GiB" in said and "--only baseline-fp32" in said
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--set", "device=cuda"], "device=cuda was asked for, but torch sees no CUDA device"),
+        (["--profile", "paper"], "--profile paper on this machine's CPU times 1 cell(s)"),
+    ],
+    ids=["cuda-without-cuda", "paper-on-a-cpu"],
+)
+def test_a_sweep_this_machine_cannot_or_should_not_time_is_one_line_before_it_starts(tmp_path, args, said, capsys):
+    """`--set device=cuda` without CUDA started every cell and recorded an error each, exit 0; `--profile paper` on
+    a CPU started BERT-Large at up to 1800 s a cell without a word."""
+    from suite.commands import cli
+
+    env = {"SUITE_RESULTS_DIR": str(tmp_path / "results"), "SUITE_MACHINE": "m"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        argv = ["run", "table2", "--profile", "tiny", "--only", "baseline-fp32", *args, "--wandb", "off"]
+        assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], lines
+    assert not list((tmp_path / "results").rglob("*.json")), "a record was written"
+
+
+def test_a_failed_reference_row_says_which_command_brings_the_ratios_back():
+    """After the reference row errored, nothing said which command brings the other rows' ratios back."""
+    from suite.core.experiment import get_experiment
+    from suite.report import tables
+
+    exp = get_experiment("table2")
+    cells = exp.cells("tiny", ["baseline-fp32", "l2l-fp32"])
+    ok = {"status": "ok", "metrics": {"throughput": 1.0}, "settings": ["--set", "seed=3"]}
+    failed = {**ok, "status": "error: RuntimeError: boom"}
+    (line, _) = tables.reference_note(exp, cells, [failed, ok])
+    assert "`baseline-fp32` is `error`" in line
+    assert "--set seed=3 --only baseline-fp32 --only l2l-fp32 --force" in line
+    assert tables.reference_note(exp, cells, [ok, ok]) == []

@@ -130,6 +130,16 @@ def test_malformed_tsv_names_file_and_columns(tmp_path, task, folder, text, expe
     assert str(path) in str(err.value) and expected in str(err.value)
 
 
+def test_binary_junk_names_the_file_and_the_line(tmp_path):
+    """Bytes that are not UTF-8 gave a bare UnicodeDecodeError, without the file's name."""
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir()
+    path.write_bytes(b"sentence\tlabel\ngood\t1\n\xff\xfe\x00junk\t0\n")
+    with pytest.raises(glue.GlueDataError, match="line 3 is not UTF-8 text") as err:
+        glue.load_split("sst2", "train", tmp_path)
+    assert str(path) in str(err.value)
+
+
 def test_missing_folder(tmp_path):
     with pytest.raises(glue.GlueDataError, match="no .tsv splits"):
         glue.load_split("sst2", "dev", tmp_path)

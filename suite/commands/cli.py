@@ -66,6 +66,34 @@ def _check_data_dir(exp, folder: str) -> None:
         raise ConfigError(f"--data-dir {folder!r}: {problem}")
 
 
+PAPER_ON_CPU_S = 1800.0  # past this bound, a timed paper-profile sweep on a CPU asks for --yes
+
+
+def _paper_on_a_cpu(req) -> None:
+    """A timed paper-profile sweep on a machine without CUDA runs BERT-Large-size cells on its cores: say what it
+    may take, before anything runs, and ask for --yes past PAPER_ON_CPU_S."""
+    if req.profile != "paper" or req.measure != "time" or req.nodes.multi:
+        return
+    from suite.core.plan import expand
+
+    cells = [c for c in expand(req) if c.run.device != "cuda"]
+    if not cells:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    rounds = max(req.rounds or 1, 1)
+    bound = sum(req.timeout or c.timeout for c in cells) * rounds
+    if bound <= PAPER_ON_CPU_S:
+        return
+    raise ConfigError(
+        f"--profile paper on this machine's CPU times {len(cells)} cell(s) at the paper's model sizes, {rounds} "
+        f"round(s) each, up to {bound / 3600:.1f} h (each cell-round's timeout; cells finished before are reused): "
+        "add --yes to go on, or --measure count to count their memory in minutes"
+    )
+
+
 def _run(args) -> int:
     from suite.commands.sweep import sweep
     from suite.core.experiment import get_experiment
@@ -93,6 +121,8 @@ def _run(args) -> int:
         stale=args.stale,
         precount=args.precount,
     )
+    if not args.yes:
+        _paper_on_a_cpu(req)
     records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented") or contended(r["metrics"])]
     return 1 if bad and args.strict else 0
@@ -221,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only this row, or the rows a shell pattern matches ('mrpc-*'); repeatable",
     )
     r.add_argument("--force", action="store_true", help="re-run cells that already finished")
+    r.add_argument(
+        "--yes", action="store_true", help="go on with a sweep that may take hours (the paper profile on a CPU)"
+    )
     stale = r.add_mutually_exclusive_group()
     stale.add_argument(
         "--keep-stale",

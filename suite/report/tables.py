@@ -328,6 +328,7 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
     if note:
         md += [note, ""]
     md += contended_note(exp, cells, records)
+    md += reference_note(exp, cells, records)
     if any(spread(metrics_of(r), m.key) for r in records for m in exp.metrics):
         md += [
             "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
@@ -390,6 +391,22 @@ def rerun_command(experiment: str, profile: str, rows: list[str], settings: list
     their `settings` (SweepRequest.settings: a cap, --set overrides) included."""
     flags = " ".join([shlex.quote(f) for f in settings] + [f"--only {shlex.quote(r)}" for r in rows])
     return f"{paths.DOCUMENTED_SUITE} run {experiment} --profile {profile} {flags} --force"
+
+
+def reference_note(exp, cells, records: list[Record | None]) -> list[str]:
+    """Where the reference row failed (an error, a timeout), what that takes from the section (every ratio to it)
+    and the command that measures it again with the rows whose ratios it gives."""
+    ref = next(((c, r) for c, r in zip(cells, records) if c.row.name == exp.baseline), None)
+    if ref is None or ref[1] is None or status_of(ref[1]).kind not in ("error", "timeout"):
+        return []
+    cell, rec = ref
+    rows = [c.row.name for c, r in zip(cells, records) if r is not None]
+    rerun = rerun_command(exp.name, cell.profile, rows, rec.get("settings") or [])
+    return [
+        f"The reference row `{exp.baseline}` is `{status_of(rec).kind}` here, so this section shows no ratio to it. "
+        f"To measure it again with the rows beside it, in one sweep: `{rerun}`.",
+        "",
+    ]
 
 
 def contended_note(exp, cells, records: list[Record | None]) -> list[str]:

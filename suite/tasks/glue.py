@@ -81,6 +81,21 @@ def _features(t: GlueTask):
     return datasets.Features({"text_a": datasets.Value("string"), "text_b": datasets.Value("string"), "label": label})
 
 
+def _utf8_lines(fh, fail):
+    """`fh`'s lines; bytes that are not UTF-8 end the read with one line naming the file and the first such line
+    (`fail`; the text layer decodes ahead of the lines it hands out, so the line is found in the bytes)."""
+    try:
+        yield from fh
+    except UnicodeDecodeError as exc:
+        with open(fh.name, "rb") as raw:
+            for n, line in enumerate(raw, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    break
+        fail(f"line {n} is not UTF-8 text ({exc.reason}); GLUE's files are UTF-8 TSV")
+
+
 def _read_tsv(t: GlueTask, path: str) -> dict[str, list]:
     """Rows of one GLUE TSV as text_a/text_b/label lists, checking layout and labels row by row."""
 
@@ -90,7 +105,7 @@ def _read_tsv(t: GlueTask, path: str) -> dict[str, list]:
     cols = {"text_a": [], "text_b": [], "label": []}
     # utf-8-sig drops MRPC's BOM; QUOTE_NONE because GLUE text has unbalanced '"' that are not quoting.
     with open(path, encoding="utf-8-sig", newline="") as fh:
-        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+        reader = csv.reader(_utf8_lines(fh, fail), delimiter="\t", quoting=csv.QUOTE_NONE)
         if t.header:
             header = next(reader, None) or []
             missing = [c for c in (t.text_a, t.text_b, t.label) if c is not None and c not in header]
