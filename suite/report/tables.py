@@ -551,10 +551,8 @@ def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
             parts.append("\n".join([*head, f"Sections ({len(secs)}):", "", *listed, "", rest]))
         else:
             parts.append(md)
-        lines = list(csv.reader(io.StringIO(csv_text)))
-        if not csv_rows:
-            csv_rows.append(["section", *lines[0]])
-        csv_rows += [[title, *line] for line in lines[1:]]
+        header, *lines = list(csv.reader(io.StringIO(csv_text)))
+        csv_rows += [{"section": title, **dict(zip(header, line))} for line in lines]
     md_path, csv_path = results_dir / f"{exp.name}.md", results_dir / f"{exp.name}.csv"
     if not parts:  # no records on any machine: a page that says so, never an empty file
         parts.append(
@@ -562,7 +560,12 @@ def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
             f"`{paths.DOCUMENTED_SUITE} run {exp.name}` measures them.\n"
         )
     write_atomic(md_path, "\n".join(parts))
+    # One tidy table a program reads: every section's columns, in the order they first appear, each row blank where
+    # its section has no such column (sections differ: TFLOPS and MFU on a GPU, device busy where it was read).
+    names = list(dict.fromkeys(k for row in csv_rows for k in row)) or ["section"]
     buf = io.StringIO(newline="")
-    csv.writer(buf).writerows(csv_rows)
+    writer = csv.DictWriter(buf, fieldnames=names, restval="")
+    writer.writeheader()
+    writer.writerows(csv_rows)
     write_atomic(csv_path, buf.getvalue())
     return md_path, csv_path
