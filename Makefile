@@ -121,7 +121,7 @@ WORKER ?= $(shell $(PY) -c "import torch; print('' if torch.cuda.is_available() 
 table2 table3 table4 table5 table6: $(STAMP)
 	$(PY) -m suite run $@ --profile $(PROFILE) --measure $(MEASURE) $(if $(filter time,$(MEASURE)),$(WORKER)) $(RUN_FLAGS)
 
-# GLUE fine-tuning: DATA_DIR is the folder of GLUE TSVs (the `small` profile's default is ../shared/data/glue);
+# GLUE fine-tuning: DATA_DIR is the folder of GLUE TSVs (else the test fixtures at `tiny`, the hub elsewhere);
 # TASKS=mrpc,rte runs those tasks' rows only (each cell resumes: a finished one is reused). table7-recipe scores
 # the `small` recipe's candidate learning rates on a held-out fifth of train.
 DATA_DIR ?=

@@ -69,11 +69,9 @@ class FinetuneExperiment(Experiment):
 
 
 def data_dir(profile: str) -> str | None:
-    """The GLUE TSV folder, relative to the repo root; None at `paper` without one means the hub."""
-    chosen = os.environ.get(ENV_DATA_DIR) or {
-        "tiny": os.path.join(ROOT, "tests", "fixtures", "glue"),
-        "small": os.path.join(ROOT, "..", "shared", "data", "glue"),
-    }.get(profile)
+    """The GLUE TSV folder, relative to the repo root: SUITE_GLUE_DIR (`--data-dir`, `make ... DATA_DIR=`), else the
+    test fixtures at `tiny`; None elsewhere means the hub (a clone reads no folder beside it unless told to)."""
+    chosen = os.environ.get(ENV_DATA_DIR) or {"tiny": os.path.join(ROOT, "tests", "fixtures", "glue")}.get(profile)
     return None if chosen is None else os.path.relpath(os.path.abspath(chosen), ROOT)
 
 

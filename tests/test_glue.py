@@ -18,9 +18,9 @@ from suite.tasks.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "glue"
-# The real GLUE copy: the documented setting (SUITE_GLUE_DIR, as `--data-dir` sets it), else the `small` profile's
-# default folder beside the clone; a clone with neither skips the test that reads it.
-REAL = Path(os.environ.get(paths.GLUE_DIR_ENV) or ROOT.parent / "shared" / "data" / "glue")
+# The real GLUE copy, where the documented setting names one (SUITE_GLUE_DIR, as `--data-dir` sets it); a clone
+# without it skips the test that reads it.
+REAL = Path(os.environ.get(paths.GLUE_DIR_ENV) or "/nonexistent")
 PAIR_TASKS = {"mrpc", "rte", "stsb", "qnli"}
 SPLITS = [(t, s) for t in glue.TASKS for s in ("train", "dev") if (t, s) != ("qnli", "train")]
 
