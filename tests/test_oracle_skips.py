@@ -32,8 +32,15 @@ def _skipping(base: str):
     return name
 
 
-@pytest.mark.parametrize("base", ["amp", "l2l-cmp"])
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "base, precision",
+    [
+        ("amp", "bf16"),
+        ("l2l-cmp", "fp16"),
+        pytest.param("amp", "fp16", marks=pytest.mark.slow),  # make test-slow: the two others cover both methods
+        pytest.param("l2l-cmp", "bf16", marks=pytest.mark.slow),  # and both precisions in make test
+    ],
+)
 def test_one_skipped_update_fails_the_check_at_every_step(base, precision):
     run = RunConfig(method=base, precision=precision, micro_batch_size=2, num_micro_batches=2)
     honest = check(run, "grad_accum", STEPS)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import build_method, default_precision, rank_check_parser, verdict_across_ranks
+from suite.core.check import build_method, default_precision, per_step, rank_check_parser, verdict_across_ranks
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -57,13 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
     losses, states, ref_states = [], [], []
-    for _ in range(args.steps):  # the weights after each step: 16-bit updates are compared step by step
+    for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         stats = subject.step(next(batches))
-        states.append(subject.state_dict())
+        kept = per_step(run) or i == args.steps - 1
+        if kept:
+            states.append(subject.state_dict())
         ref = float("nan")
         if reference is not None:
             ref = reference.step(next(ref_batches)).loss
-            ref_states.append(reference.state_dict())
+            if kept:
+                ref_states.append(reference.state_dict())
         losses.append((stats.loss, ref))
     state = states[-1]
 

@@ -18,7 +18,7 @@ import os
 from methods.pipeline.executors.dist import rank_main
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import build_method, default_precision, rank_check_parser, verdict_across_ranks
+from suite.core.check import build_method, default_precision, per_step, rank_check_parser, verdict_across_ranks
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -55,9 +55,10 @@ def check_one(method: str, args) -> bool:
     if cls.shards_batch:
         batches = (b.shard(rank, world) for b in batches)
     losses, states = [], []
-    for _ in range(args.steps):  # the weights after each step: 16-bit updates are compared step by step
+    for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         losses.append(subject.step(next(batches)).loss)
-        states.append(subject.state_dict())
+        if per_step(run) or i == args.steps - 1:
+            states.append(subject.state_dict())
 
     reference, ref_states = None, []
     if rank == 0:
@@ -71,7 +72,8 @@ def check_one(method: str, args) -> bool:
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         for i, a in enumerate(losses):
             losses[i] = (a, reference.step(next(ref_batches)).loss)
-            ref_states.append(reference.state_dict())
+            if per_step(run) or i == len(losses) - 1:
+                ref_states.append(reference.state_dict())
     label = f"{method} on {world} ranks ({', '.join(f'{k}={v}' for k, v in subject.opts.items())})"
     return verdict_across_ranks(subject, label, w0, states, reference, ref_states, losses)
 

@@ -66,6 +66,22 @@ def _check_data_dir(exp, folder: str) -> None:
         raise ConfigError(f"--data-dir {folder!r}: {problem}")
 
 
+def _needs_cuda(req) -> None:
+    """Refuse, before anything runs, to time cells on a CUDA device this machine does not have (each would start
+    and be an error); a count of them needs none (it counts as the device would)."""
+    from suite.core.plan import expand
+
+    if req.measure != "time" or req.nodes.multi or not any(c.run.device == "cuda" for c in expand(req)):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "device=cuda was asked for, but torch sees no CUDA device on this machine: use device=cpu or auto, or "
+            "--measure count to count the cells as the device would hold them"
+        )
+
+
 PAPER_ON_CPU_S = 1800.0  # past this bound, a timed paper-profile sweep on a CPU asks for --yes
 
 
@@ -121,6 +137,7 @@ def _run(args) -> int:
         stale=args.stale,
         precount=args.precount,
     )
+    _needs_cuda(req)
     if not args.yes:
         _paper_on_a_cpu(req)
     records = sweep(req)

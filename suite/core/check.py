@@ -166,10 +166,17 @@ def compare(
     result.skipped = list(skipped)
     lower = [p for p in (run.precision, reference.run.precision) if p in STEP_TOLERANCE]
     if lower:
+        assert len(states) == len(ref_states) == len(losses), "a 16-bit check needs the weights after every step"
         gated = [k for k in ref_state if k not in ungated]
         result.step_tolerance = max(STEP_TOLERANCE[p] for p in lower)
         result.step_errors = step_errors(w0, states, ref_states, gated)
     return result
+
+
+def per_step(run: RunConfig) -> bool:
+    """Whether a check of `run` compares each step's update (16-bit) and so needs the weights after every step; an
+    FP32 check needs only the end's (its per-tensor bound already sees one step)."""
+    return run.precision in STEP_TOLERANCE
 
 
 def step_errors(w0: dict, states: list[dict], ref_states: list[dict], keys: list[str]) -> list[float]:

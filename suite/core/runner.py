@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from suite.config import paths
-from suite.config.errors import ConfigError
 from suite.core import launcher, precount, process
 from suite.core.experiment import Cell
 from suite.core.launcher import Fresh, choose
@@ -63,7 +62,6 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
         return []
     fp = fingerprint()
     store.writable(req.results_dir, fp["slug"])  # before anything runs
-    needs_cuda(req, cells)
 
     def counts(todo: list[Cell]) -> dict[str, Outcome]:
         return counted_past_cap(todo, req.timeout, progress, req.results_dir)
@@ -85,20 +83,6 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     pending = failed("pending: left at the deadline")
     found = (records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) for c in cells)
     return [(c, r or recorder.label(c, pending)) for c, r in zip(cells, found)]
-
-
-def needs_cuda(req: SweepRequest, cells: list[Cell]) -> None:
-    """Refuse, before anything runs, to time cells on a CUDA device this machine does not have (each would start
-    and be an error); a count of them needs none (it counts as the device would)."""
-    if req.measure != "time" or not any(c.run.device == "cuda" for c in cells):
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            "device=cuda was asked for, but torch sees no CUDA device on this machine: use device=cpu or auto, or "
-            "--measure count to count the cells as the device would hold them"
-        )
 
 
 def settle(d: Decision, recorder: Recorder) -> Record:
