@@ -266,7 +266,11 @@ def test_a_save_that_fails_mid_sweep_is_one_line_with_the_figures_and_the_sweep_
     [
         # make test-slow: the same path (tests/test_records.py holds the older schema's detection in make test)
         pytest.param({"schema": 0}, "schema 0 is not one this suite reads", marks=pytest.mark.slow),
-        ({"metrics": {"throughput": "abc", "memory_gb": 1.0}}, "metric 'throughput' is a str"),
+        # make test-slow too (17 s, a sweep twice): tests/test_records.py holds the detection in make test, and
+        # test_a_record_file_of_another_json_shape_is_read_as_none_and_replaced_by_the_save the measuring again
+        pytest.param(
+            {"metrics": {"throughput": "abc", "memory_gb": 1.0}}, "metric 'throughput' is a str", marks=pytest.mark.slow
+        ),
     ],
     ids=["older-schema", "wrong-type"],
 )
