@@ -145,3 +145,29 @@ def test_the_campaign_help_lists_every_stage_from_its_table():
     flat = " ".join(out.split())
     for n, stage in STAGES.items():
         assert f"{n}: {' '.join(stage.title.split())}" in flat, n
+
+
+def test_the_parser_and_its_help_import_no_torch():
+    """`suite --help` took 2.5-4.7 s: the parser pulled torch in through the sweep request's choices."""
+    import subprocess
+    import sys
+
+    probe = "import sys; from suite.commands.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_check_lists_the_tensors_past_the_bound_and_every_one_only_when_asked():
+    """`check` printed about 100 per-tensor lines with unlabelled columns on every run."""
+    from suite.core.check import CheckResult
+
+    errors = {"a.weight": 0.1, "b.bias": 0.7, "k.bias": 3.0}
+    weights = dict.fromkeys(errors, 0.01)
+    passed = CheckResult("m", "ref", 1, 0.5, {"a.weight": 0.1}, {"a.weight": 0.01}, set(), [(1.0, 1.0)])
+    body = "\n".join(passed.report().splitlines()[:-1])  # the verdict line names the worst tensor
+    assert "a.weight" not in body and "1 tensors within the bound" in body
+    failed = CheckResult("m", "ref", 1, 0.5, errors, weights, {"k.bias"}, [(1.0, 1.0)])
+    shown = "\n".join(failed.report().splitlines()[:-1])
+    assert "update err  weight err  tensor" in shown and "b.bias" in shown
+    assert "a.weight" not in shown and "k.bias" not in shown  # within the bound; not gated
+    assert all(name in failed.report(verbose=True) for name in errors)

@@ -191,7 +191,7 @@ def _check(args) -> int:
         argv += [x for s in args.set or [] for x in ("--set", s)]
         return subprocess.call(torchrun_command(world, module, argv, nodes))
     result = check(run, args.against, args.steps)
-    print(result.report())
+    print(result.report(verbose=args.verbose))
     return 0 if result.passed else 1
 
 
@@ -253,7 +253,7 @@ def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from suite.core.request import MEASURES
+    from suite.config.run import MEASURES
 
     p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -341,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the reference to compare with (default: the method's own, grad_accum for most, 2bw-reference for 2BW)",
     )
     c.add_argument("--steps", type=int, default=3, help="optimizer steps both methods take (default 3)")
+    c.add_argument("--verbose", action="store_true", help="list every tensor's errors (else only those past the bound)")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     _node_options(c, node_rank=False)
     c.set_defaults(fn=_check)

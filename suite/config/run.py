@@ -12,6 +12,8 @@ from typing import Any
 from suite.config.errors import ConfigError, did_you_mean
 from suite.config.sizes import parse_size
 
+MEASURES = ("time", "count")  # how a sweep reads memory: timed on the device, or counted on fake tensors
+
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("lamb", "adamw")
 SCHEDULES = ("constant", "linear")

@@ -75,9 +75,16 @@ class CheckResult:
         steps_ok = self.worst_step is None or self.worst_step[1] <= self.step_tolerance
         return self.worst[1] <= self.tolerance and steps_ok
 
-    def report(self, top: int = 0) -> str:
+    def report(self, top: int = 0, verbose: bool = False) -> str:
+        """The steps, then the tensors: every one with `verbose`, the `top` worst, else only those past the bound
+        (none when it passed); the verdict last."""
         rows = sorted(self.errors.items(), key=lambda kv: -kv[1])
-        rows = rows[:top] if top else rows
+        if verbose:
+            pass
+        elif top:
+            rows = rows[:top]
+        else:
+            rows = [(k, v) for k, v in rows if v > self.tolerance and k not in self.ungated]
         lines = [
             f"check {self.method} against {self.against}: {self.steps} steps, "
             f"tolerance {self.tolerance:g} (norm-wise relative error of each tensor's update W_N - W_0; "
@@ -91,9 +98,14 @@ class CheckResult:
             update = f"; update error {self.step_errors[i]:.3e}" if i < len(self.step_errors) else ""
             said = " (skipped, as the method said)" if i < len(self.skipped) and self.skipped[i] else ""
             lines.append(f"  step {i}: loss {la:.8f} vs {lb:.8f}{update}{said}")
+        if rows:
+            lines.append(f"  {'update err':>10}  {'weight err':>10}  tensor")
         for name, err in rows:
             tag = "  (not gated: zero gradient in exact arithmetic)" if name in self.ungated else ""
             lines.append(f"  {err:10.3e}  {self.weight_errors[name]:10.3e}  {name}{tag}")
+        if len(rows) < len(self.errors):
+            more = "more " if rows else ""
+            lines.append(f"  ({len(self.errors) - len(rows)} {more}tensors within the bound: --verbose lists each)")
         name, err = self.worst
         within = err <= self.tolerance
         verdict = f"largest {err:.3e} ({name}) {'<=' if within else '>'} {self.tolerance:g}"

@@ -10,10 +10,9 @@ from pathlib import Path
 from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.launch import Nodes
+from suite.config.run import MEASURES
 from suite.core.experiment import Experiment, resolve_profile
 from suite.records import tracking
-
-MEASURES = ("time", "count")
 
 MAX_ROUNDS = 1000  # timing rounds a sweep may ask for: more is a typo (--rounds 10**20 counted, then spun for ever)
 STALE_CHOICES = ("measure", "keep", "only")  # what a sweep does with finished timed records of another code
