@@ -96,14 +96,14 @@ def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
     )
     assert ok["status"] == "ok"
     # the offline W&B run of the ok cell carries its config and summary
-    back = tracking.read_offline_run(ok["wandb_dir"])
+    back = tracking.read_offline_run(str(tracking.run_path(ok, tmp_path)))
     assert back["config"]["row"] == "ok" and back["config"]["experiment"] == "runner-test"
     # what a comparison filters on: the machine, the sweep, the commit, and whether the machine was busy
     assert back["config"]["machine"] == ok["machine"]["slug"] and back["config"]["sweep"] == ok["sweep"]
     assert back["config"]["commit"] == ok["provenance"]["commit"]
     assert back["config"]["contended"] == ok["metrics"]["contention"]["contended"]
     # one table run for the sweep, with its config; a call that measures nothing adds none
-    runs = Path(ok["wandb_dir"]).parent  # where this process's W&B puts its offline runs
+    runs = tracking.run_path(ok, tmp_path).parent  # where this process's W&B puts its offline runs
     tables = sorted(runs.glob(f"*run-*-table-runner-test-{ok['sweep']}"))
     assert len(tables) == 1, tables
     config = tracking.read_offline_run(str(tables[0]))["config"]

@@ -223,4 +223,4 @@ def test_the_fine_tuning_history_reads_back_from_the_offline_wandb_run(results_e
     history = rec["metrics"]["history"]
     assert len(history) >= 5
     expect = [{k: v for k, v in row.items() if v is not None} for row in history]
-    assert tracking.read_offline_history(rec["wandb_dir"]) == expect
+    assert tracking.read_offline_history(str(tracking.run_path(rec, results_env))) == expect

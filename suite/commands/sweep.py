@@ -40,6 +40,8 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
             f"{', '.join(busy)}; on an idle machine: {rerun}"
         )
     fresh = [r for r in records if r.get("sweep") and str(r.get("finished", "")) >= started]
+    if line := tracking.said(req.wandb_mode, req.results_dir, sum(bool(r.get("wandb_dir")) for r in fresh)):
+        progress(line)
     if not fresh:  # nothing measured by this call: its table run would repeat the sweep's own
         return records
     cols, rows = tables.table_rows(exp, cells, records)

@@ -49,9 +49,8 @@ class Recorder:
             return record
         if final:
             try:
-                record["wandb_dir"] = tracking.log_record(
-                    record, self.req.wandb_mode, tracking.folder(self.req.results_dir)
-                )
+                run = tracking.log_record(record, self.req.wandb_mode, tracking.folder(self.req.results_dir))
+                record["wandb_dir"] = tracking.stored_path(run, self.req.results_dir)
             except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
                 self.progress(f"{tag or record['row']}: W&B logging failed: {exc}")
                 return record

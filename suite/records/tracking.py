@@ -81,6 +81,33 @@ def folder(results_dir: Path | str) -> str:
     return os.environ.get("WANDB_DIR") or str(Path(results_dir) / "wandb")
 
 
+def stored_path(run_dir: str | None, results_dir: Path | str) -> str | None:
+    """A run's folder as a record keeps it: relative to the results folder where it lies inside it (the record
+    reads the same in any clone or machine), else as it is (a WANDB_DIR elsewhere)."""
+    if run_dir is None:
+        return None
+    try:
+        return str(Path(run_dir).resolve().relative_to(Path(results_dir).resolve()))
+    except ValueError:
+        return run_dir
+
+
+def run_path(record: dict, results_dir: Path | str) -> Path | None:
+    """The folder of a record's W&B run (stored_path's inverse)."""
+    stored = record.get("wandb_dir")
+    return None if not stored else Path(results_dir) / stored
+
+
+def said(mode: str, results_dir: Path | str, runs: int) -> str | None:
+    """The console's line on where a sweep's `runs` W&B runs went, and how to upload offline ones."""
+    if not runs or mode == "off":
+        return None
+    if mode == "online":
+        return f"W&B: {runs} run(s) logged to project {PROJECT}"
+    where = folder(results_dir)
+    return f"W&B: {runs} offline run(s) under {where}; to upload them: wandb sync {where}/offline-run-*"
+
+
 @contextlib.contextmanager
 def _data_beside(dir: str):
     """While a run lives, W&B's data (a table's staging copy, which an offline run's later sync reads) goes beside
