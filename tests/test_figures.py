@@ -39,11 +39,12 @@ def test_one_figure_per_ratio_partial_rows_hatched_and_the_legend_below_the_data
     assert any(t.endswith("counted") for t in (plots.short(s[0]) for s in tables.sections(exp, tmp_path)))
 
 
-def test_a_contended_section_is_drawn_hollow_named_in_the_legend_and_coloured_alike_in_every_figure(
+def test_a_contended_sections_withheld_ratios_are_marked_not_drawn_and_coloured_alike_in_every_figure(
     tmp_path, monkeypatch
 ):
-    """A machine that was busy while its rows were timed keeps its bars (hollow; the table shows no rate ratio),
-    and each section has one colour in the throughput and the memory figure alike."""
+    """A machine that was busy while its rows were timed: the table shows no rate ratio, so the figure draws no bar
+    for one either (it drew hollow ones, issue 53) but marks each as withheld and says so in its legend; its memory
+    ratios, which the table shows, are drawn; each section has one colour in both figures alike."""
     import json
 
     shutil.copytree(paths.RESULTS_DIR / "runs", tmp_path / "runs")
@@ -65,7 +66,8 @@ def test_a_contended_section_is_drawn_hollow_named_in_the_legend_and_coloured_al
                 for t, h in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)
                 if hasattr(h, "get_facecolor")  # (the paper's marker is a line)
             },
-            "hollow": [p for p in ax.patches if p.get_fill() is False or p.get_facecolor()[3] == 0],
+            "withheld": [t.get_text() for t in ax.texts if "withheld" in t.get_text()],
+            "values": [t.get_text() for t in ax.texts if t.get_text().strip().endswith("x")],
         }
         return results_dir / f"{name}.png"
 
@@ -73,8 +75,9 @@ def test_a_contended_section_is_drawn_hollow_named_in_the_legend_and_coloured_al
     plots.ratio_figures(exp, tmp_path)
     throughput, memory = drawn["table2_throughput"], drawn["table2_memory_gb"]
     section = "cpu-epyc-f25m1-avx2-2c · tiny"
-    assert section in throughput["labels"] and throughput["hollow"]  # drawn, not dropped
-    assert any(x.startswith("hollow: contended") for x in throughput["labels"])
+    assert section in throughput["labels"] and throughput["withheld"]  # marked, not drawn
+    assert any(x.startswith("withheld: contended") for x in throughput["labels"])
+    assert memory["values"] and not memory["withheld"]  # memory ratios the table shows: drawn, with their values
     _, cells, records = next(s for s in tables.sections(exp, tmp_path) if "on cpu-epyc-f25m1-avx2-2c (" in s[0])
     cols, rows = tables.table_rows(exp, cells, records)
     assert all(r[cols.index("throughput xbaseline-fp32 ours")] is None for r in rows)  # the table shows none

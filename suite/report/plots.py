@@ -166,19 +166,23 @@ def front_sections(secs, here: str | None = None) -> list:
     ]
 
 
+LOG_SPAN = 20.0  # ratios spanning more than this draw on a log axis, labelled so
+
+
 def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     key = f"{metric.key} x{exp.baseline}"
     names: list[str] = []
     series, paper = [], {}
     for title, cells, records in secs:
-        cols, rows = tables.table_rows(exp, cells, records, busy_ratios=True)
+        cols, rows = tables.table_rows(exp, cells, records)  # the ratios the table shows, no other
         ours = {r[0]: (r[cols.index(f"{key} ours")], rec) for r, rec in zip(rows, records)}
         for r in rows:
             if r[0] not in names:
                 names.append(r[0])
             if r[cols.index(f"{key} paper")] is not None:
                 paper.setdefault(r[0], r[cols.index(f"{key} paper")])
-        if any(v is not None for n, (v, _) in ours.items() if n != exp.baseline):
+        withheld = any(v is None and contended_rec(rec) for n, (v, rec) in ours.items() if n != exp.baseline)
+        if withheld or any(v is not None for n, (v, _) in ours.items() if n != exp.baseline):
             series.append((short(title), ours))
     if not series:
         return None
@@ -188,15 +192,22 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     height = 1.2 + 0.16 * len(names) * (len(series) + 1) + 0.22 * len(series)
     fig, ax = plt.subplots(figsize=(README_WIDTH_IN, height))
     width = 0.8 / len(series)
+    values = [v for _, ours in series for v, _ in ours.values() if isinstance(v, (int, float)) and v > 0]
+    logged = bool(values) and max(values) / min(values) > LOG_SPAN  # one linear axis would squash the small bars
+    withheld = False
     for k, (label, ours) in enumerate(series):
         for i, name in enumerate(names):
             value, rec = ours.get(name, (None, None))
-            if value is None:
-                continue
             y = i + k * width
-            style = {**(PARTIAL if hatch(rec) else {}), **(CONTENDED if contended_rec(rec) else {})}
+            if value is None:
+                if name != exp.baseline and contended_rec(rec):  # the table withholds it: marked, never drawn
+                    ax.text(1.0, y, "  withheld: contended", va="center", fontsize=6, color=colours[label])
+                    withheld = True
+                continue
+            style = {**(PARTIAL if hatch(rec) else {})}
             style.setdefault("facecolor", colours[label])
             ax.barh(y, value, width, edgecolor=colours[label], **style)
+            ax.text(value, y, f" {value:.3g}x", va="center", fontsize=6)
     ys = [i + 0.4 - width / 2 for i in range(len(names))]
     marked = [(v, y) for name, y in zip(names, ys) if (v := paper.get(name)) is not None]
     if marked:
@@ -204,12 +215,18 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_yticks(ys, names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"{metric.label} / {exp.baseline}", fontsize=9)
+    if logged:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{metric.label} / {exp.baseline}" + (" (log scale)" if logged else ""), fontsize=9)
     ax.set_title(f"{exp.title.split(':')[0]}: {metric.label} against {exp.baseline}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     drawn = [rec for _, ours in series for value, rec in ours.values() if value is not None]
     shown = {label: colours[label] for label, _ in series}
-    legend_below(ax, any(hatch(rec) for rec in drawn), any(contended_rec(rec) for rec in drawn), shown, doubted)
+    notes = [
+        *doubted,
+        *(["withheld: contended (timed on a busy machine), as the table withholds it"] if withheld else []),
+    ]
+    legend_below(ax, any(hatch(rec) for rec in drawn), False, shown, notes)
     return fig
 
 
