@@ -21,8 +21,7 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     """Run (or reuse) every cell `req` asks for, write its records, tables, figure and W&B runs; returns the records.
     Across nodes, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # as records stamp `finished`
-    twins_first(req, progress)
-    pairs = run_cells(req, progress)
+    pairs = run_cells(req, progress, twins=lambda due: twins_first(req, due, progress))
     if req.follower:
         return []  # node 0 writes the tables
     cells, records = [c for c, _ in pairs], [r for _, r in pairs]
@@ -68,25 +67,13 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     return records
 
 
-def twins_first(req: SweepRequest, progress=print) -> None:
+def twins_first(req: SweepRequest, due: dict[str, list[str]], progress=print) -> None:
     """Rows that are another table's cell (Row.same_as: Table 4's one-rank rows are Table 3's L2L-CMP cells) are that
-    cell, never measured twice: where the twin is not finished on this machine (no record, partial, pending, or a
-    status its table retries: an error, a timeout), or `--force` asks for it anew, its own table's sweep measures,
-    resumes or retries it first, with this call's settings; this table then reads its record, whatever its status.
-    Not across nodes, whose sweeps make records of their own."""
-    if req.follower or req.measure != "time" or req.nodes.multi:  # across nodes a row's records are its own
-        return
+    cell, never measured twice: the twins the plan finds due (Plan.twins_due: not finished on this machine, or all
+    under --force) are measured, resumed or retried by their own table's sweep first, with this call's settings;
+    this table then reads their records, whatever their status."""
     from suite.core.experiment import get_experiment
-    from suite.core.plan import expand, same_as
-    from suite.measure.machine import fingerprint
-    from suite.records.schema import status_of
 
-    machine = fingerprint()["slug"]
-    due: dict[str, list[str]] = {}
-    for cell in expand(req):
-        twin = same_as(req, cell, machine)
-        if twin is not None and (req.force or not status_of(twin).finished):  # retried as its table retries
-            due.setdefault(twin["reused_from"]["experiment"], []).append(twin["reused_from"]["row"])
     for name, rows in due.items():
         progress(f"{req.experiment.name}: {', '.join(rows)} of {name} first (the same cells as rows of this table)")
         sweep(dataclasses.replace(req, experiment=get_experiment(name), only=tuple(rows)), progress)

@@ -144,6 +144,17 @@ class Plan:
     def of(self, *actions: str) -> list[Decision]:
         return [d for d in self.decisions if d.action in actions]
 
+    def twins_due(self, force: bool) -> dict[str, list[str]]:
+        """The rows of other tables whose cells this sweep's twin rows are (Row.same_as) and that must be measured
+        first, in their own table's sweep: each twin not finished on this machine (no record, partial, pending, or
+        a status its table retries), or every one under --force; by experiment."""
+        due: dict[str, list[str]] = {}
+        for d in self.of(TWIN):
+            if force or not status_of(d.outcome).finished:
+                src = d.outcome["reused_from"]
+                due.setdefault(src["experiment"], []).append(src["row"])
+        return due
+
     @property
     def todo(self) -> list[Cell]:
         """The cells that run (after their resumed rounds), in the plan's order."""
@@ -186,7 +197,7 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     """The outcome this cell gets from its row's twin (Row.same_as) when its cell runs this very config: the twin's
     record on this machine with its status (ok, oom, an error: the twin's own verdict), its metrics adapted; where
     the twin has none yet, or an unfinished one (partial, pending), a `pending` outcome naming it (the row is that
-    cell, never measured as itself: suite.commands.sweep.twins_first measures the twin first, in its own table's sweep).
+    cell, never measured as itself: the runner has the twin measured first, in its own table's sweep: twins_due).
     None where the row is not its twin's cell and runs: another config, a count, or a sweep across nodes (whose
     records are its own)."""
     if cell.row.same_as is None or req.measure != "time" or req.nodes.multi:
@@ -267,7 +278,7 @@ def _decide(
         p.sweep = cached.get("sweep") or p.sweep  # the rounds go on in the sweep they began in
     elif cached and status_of(cached).kind == "pending" and not req.force:
         p.sweep = cached.get("sweep") or p.sweep  # a sweep interrupted or cut before this cell ran: it goes on
-    twin = same_as(req, cell, machine)  # forced too: suite.commands.sweep.twins_first has run the twin's sweep
+    twin = same_as(req, cell, machine)  # forced too: the runner has had the twin's sweep run first (twins_due)
     if twin is not None:
         of = f"{twin['reused_from']['experiment']}/{twin['reused_from']['row']}"
         waits = status_of(twin).kind == "pending"

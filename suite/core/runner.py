@@ -36,7 +36,11 @@ from suite.records import store
 from suite.records.schema import Outcome, Record, failed, status_of
 
 
-def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> list[tuple[Cell, Record]]:
+def run_cells(
+    req: SweepRequest,
+    progress: Callable[[str], None] = print,
+    twins: Callable[[dict[str, list[str]]], None] | None = None,
+) -> list[tuple[Cell, Record]]:
     """Run (or reuse) every cell `req` asks for on this machine, one record and one W&B run per cell; returns each
     cell with its record (labelled: its row and key, a cell left at a deadline `pending`). Throughput cells run
     `req.rounds` times, the cells of one round after another (ABC ABC ABC) so that drift hits all alike. A record
@@ -46,8 +50,9 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     ones run, in its own sweep. With a deadline no cell-round starts that the longest one seen so far would carry
     past it; the cells left are reported and a later call resumes them.
 
-    A row that is another table's cell (Row.same_as) takes that cell's record here, with its sweep (pending where the
-    twin has none finished: suite.commands.sweep.twins_first measures it first). With
+    A row that is another table's cell (Row.same_as) takes that cell's record here, with its sweep: where the plan
+    finds such twins to measure first (Plan.twins_due), `twins` runs them, in their own table's sweep, before the
+    plan that runs this one (pending where the twin still has none finished). With
     `req.precount` a capped cell of our methods is counted first and, past its cap, recorded `oom` without running.
     With `req.worker` single-rank timed cells of our methods run in one long-lived process (suite.core.worker).
 
@@ -66,6 +71,8 @@ def run_cells(req: SweepRequest, progress: Callable[[str], None] = print) -> lis
     def counts(todo: list[Cell]) -> dict[str, Outcome]:
         return counted_past_cap(todo, req.timeout, progress, req.results_dir)
 
+    if twins is not None and (due := plan(req, cells, fp["slug"], lambda _: None).twins_due(req.force)):
+        twins(due)  # the rows that are another table's cells, measured first in that table's sweep (the face's)
     p = plan(req, cells, fp["slug"], progress, past_cap=counts)
     recorder = Recorder(req, fp, p.sweep, progress)
     records = {d.cell.key: settle(d, recorder) for d in p.decisions if d.action not in RUNS}
