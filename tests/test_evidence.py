@@ -47,10 +47,9 @@ def test_the_h100s_514_record_is_suspect_with_its_reason_and_no_ratio_rests_on_i
     title, cells, records = next(s for s in secs if s[0].startswith("paper profile on h100-79gb"))
     base = records[[c.row.name for c in cells].index("baseline-fp32")]
     assert base["metrics"]["throughput"] < 6 and "MFU 7.7%" in base["suspect"]
-    for busy_ratios in (False, True):  # the table's, and the figure's (which draws contended ratios)
-        cols, rows = tables.table_rows(exp, cells, records, busy_ratios=busy_ratios)
-        ratio = cols.index("throughput xbaseline-fp32 ours")
-        assert all(r[ratio] is None for r in rows), [(r[0], r[ratio]) for r in rows]
+    cols, rows = tables.table_rows(exp, cells, records)  # the table's, which the figures draw (no other)
+    ratio = cols.index("throughput xbaseline-fp32 ours")
+    assert all(r[ratio] is None for r in rows), [(r[0], r[ratio]) for r in rows]
     status = cols.index("status")
     assert "suspect: MFU 7.7%" in rows[0][status]
     assert any("h100-79gb · paper baseline-fp32 is suspect" in n for n in plots.suspect_notes(secs))

@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
     losses, states, ref_states = [], [], []
+    every = per_step(run.precision, default_precision(args.against, device))  # each step's weights compared
     for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         stats = subject.step(next(batches))
-        kept = per_step(run) or i == args.steps - 1
+        kept = every or i == args.steps - 1
         if kept:
             states.append(subject.state_dict())
         ref = float("nan")

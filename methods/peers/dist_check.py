@@ -55,9 +55,10 @@ def check_one(method: str, args) -> bool:
     if cls.shards_batch:
         batches = (b.shard(rank, world) for b in batches)
     losses, states = [], []
+    every = per_step(run.precision, default_precision(args.against, device))  # each step's weights compared
     for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         losses.append(subject.step(next(batches)).loss)
-        if per_step(run) or i == args.steps - 1:
+        if every or i == args.steps - 1:
             states.append(subject.state_dict())
 
     reference, ref_states = None, []
@@ -72,7 +73,7 @@ def check_one(method: str, args) -> bool:
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         for i, a in enumerate(losses):
             losses[i] = (a, reference.step(next(ref_batches)).loss)
-            if per_step(run) or i == len(losses) - 1:
+            if every or i == len(losses) - 1:
                 ref_states.append(reference.state_dict())
     label = f"{method} on {world} ranks ({', '.join(f'{k}={v}' for k, v in subject.opts.items())})"
     return verdict_across_ranks(subject, label, w0, states, reference, ref_states, losses)

@@ -99,8 +99,10 @@ def _paper_on_a_cpu(req) -> None:
 
     if torch.cuda.is_available():
         return
+    from suite.core.kinds import is_timed
+
     rounds = max(req.rounds or 1, 1)
-    bound = sum(req.timeout or c.timeout for c in cells) * rounds
+    bound = sum((req.timeout or c.timeout) * (rounds if is_timed(c.kind) else 1) for c in cells)
     if bound <= PAPER_ON_CPU_S:
         return
     raise ConfigError(
@@ -425,7 +427,9 @@ class _Stdout:
     def _lost(self) -> None:
         if not self.gone:
             self.gone = True
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self.inner.fileno())  # what is buffered drains there
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.inner.fileno())  # what is buffered drains there
+            os.close(null)
             print("note: stdout's reader is gone; the run goes on, its lines no longer shown", file=sys.stderr)
 
     def write(self, text: str) -> int:
@@ -456,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        sys.stdout = stdout
+        if sys.stdout is not stdout:
+            sys.stdout.flush()  # through the wrapper: a reader gone by now is met here, not at the interpreter's exit
+            sys.stdout = stdout
 
 
 def _main(argv: list[str] | None) -> int:
@@ -476,11 +482,10 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except OSError as exc:  # a folder or file it could not write or read: one line (records are saved as they come)
         where = f": {exc.filename}" if exc.filename else ""
-        print(
-            f"error: {exc.strerror or exc}{where} (every record already made is saved: the same command goes on "
-            "from them once this is mended)",
-            file=sys.stderr,
-        )
+        kept = ""
+        if args.command in ("run", "campaign"):
+            kept = " (every record already made is saved: the same command goes on from them once this is mended)"
+        print(f"error: {exc.strerror or exc}{where}{kept}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # one line, no traceback (suite.core.runner.Interrupted says what was kept)
         print(str(exc) or "interrupted: no cell was running; every record made is saved", file=sys.stderr)

@@ -76,8 +76,10 @@ def wait_for(proc: subprocess.Popen, timeout: float | None = None) -> int | None
 
 
 def kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL `proc`'s session (it was started in one of its own) if it is still running, and reap it."""
-    if poll(proc) is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        wait_for(proc)
+    """SIGKILL `proc`'s session (it was started in one of its own) if it is still running, and reap it. The poll
+    and the kill are one shielded step: a second Ctrl-C is raised after the kill, never between them."""
+    with shielded():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    wait_for(proc)

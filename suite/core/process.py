@@ -124,8 +124,8 @@ def launch(
             except KeyboardInterrupt:
                 status = "error: interrupted"
             finally:
-                _running.discard(proc)
                 interrupts.kill_session(proc)
+                _running.discard(proc)  # after the kill: an interrupt inside it leaves it to kill_running
         log_tail = Path(log_path).read_text(errors="replace")[-4000:]
         if status is None and os.path.exists(out_path):
             outcome, status = read_outcome(out_path)

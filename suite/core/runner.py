@@ -71,7 +71,8 @@ def run_cells(
     def counts(todo: list[Cell]) -> dict[str, Outcome]:
         return counted_past_cap(todo, req.timeout, progress, req.results_dir)
 
-    if twins is not None and (due := plan(req, cells, fp["slug"], lambda _: None).twins_due(req.force)):
+    has_twins = twins is not None and any(c.row.same_as is not None for c in cells)
+    if has_twins and (due := plan(req, cells, fp["slug"], lambda _: None).twins_due(req.force)):
         twins(due)  # the rows that are another table's cells, measured first in that table's sweep (the face's)
     p = plan(req, cells, fp["slug"], progress, past_cap=counts)
     recorder = Recorder(req, fp, p.sweep, progress)

@@ -88,9 +88,11 @@ class Worker:
             self.proc.stdin.close()
         except OSError:
             pass
-        if not kill:
-            interrupts.wait_for(self.proc, 10)
-        interrupts.kill_session(self.proc)
+        try:
+            if not kill:
+                interrupts.wait_for(self.proc, 10)
+        finally:  # an interrupt while it is waited for kills it all the same
+            interrupts.kill_session(self.proc)
         self.proc = None
         self.log.close()
 

@@ -75,7 +75,6 @@ def grid_and_legend(ax, fontsize: float) -> None:
 README_WIDTH_IN = 7.5  # inches at DPI: about 800 pixels, what a README shows without scaling
 DPI = 110
 PARTIAL = {"hatch": "///", "alpha": 0.55}  # how a row measured in fewer rounds than planned is drawn
-CONTENDED = {"facecolor": "none", "linewidth": 1.4}  # and one timed on a busy machine: hollow
 
 
 def short(title: str) -> str:
@@ -90,13 +89,12 @@ def short(title: str) -> str:
 def legend_below(
     ax,
     with_partial: bool = False,
-    with_contended: bool = False,
     sections: dict[str, str] | None = None,
     notes: list[str] = (),
 ) -> None:
     """The legend under the axes, outside the data, one entry a label: each section's colour (`sections`: label
     to colour, solid whatever its bars), then what the axes label, the hatching's meaning where a partial row is
-    drawn and the hollow bars' where a contended one is, then `notes` (what is not drawn, and why)."""
+    drawn, then `notes` (what is not drawn, and why)."""
     from matplotlib.patches import Patch
 
     seen = {label: Patch(facecolor=colour, edgecolor=colour) for label, colour in (sections or {}).items()}
@@ -105,9 +103,6 @@ def legend_below(
     if with_partial:
         hatched = Patch(facecolor="white", edgecolor="grey", hatch=PARTIAL["hatch"])
         seen["hatched: fewer timing rounds than planned, or a rate of fewer than 3 (provisional)"] = hatched
-    if with_contended:
-        hollow = Patch(edgecolor="grey", **CONTENDED)
-        seen["hollow: contended (timed on a busy machine; the table shows no ratio)"] = hollow
     for note in notes:
         seen[note] = Patch(facecolor="none", edgecolor="none")
     if seen:
@@ -226,7 +221,7 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
         *doubted,
         *(["withheld: contended (timed on a busy machine), as the table withholds it"] if withheld else []),
     ]
-    legend_below(ax, any(hatch(rec) for rec in drawn), False, shown, notes)
+    legend_below(ax, any(hatch(rec) for rec in drawn), shown, notes)
     return fig
 
 

@@ -135,9 +135,7 @@ def has_busy(records: list[Record | None]) -> bool:
     return any("device_busy" in metrics_of(r) for r in records)
 
 
-def _values(
-    exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False, busy_ratios: bool = False
-) -> list[Any]:
+def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False) -> list[Any]:
     status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
     metrics = metrics_of(rec)
     base_rec = (rec or {}).get("reference") or base_rec  # a row of an earlier sweep: that sweep's reference (sections)
@@ -190,7 +188,7 @@ def _values(
                 if base_rec
                 and measured(base_rec["status"], oom=False)
                 and (same_sweep or (same_code and m.key not in RATES))
-                and not (m.key in RATES and busy and not busy_ratios)  # a busy row's only where asked (figures)
+                and not (m.key in RATES and busy)  # a busy row's rate takes no ratio, in the table or a figure
                 and not doubted
                 else None
             )
@@ -235,16 +233,14 @@ def measured(status: str, oom: bool = True) -> bool:
     return s.measured or (oom and s.kind == "oom")
 
 
-def table_rows(
-    exp, cells, records: list[Record | None], busy_ratios: bool = False
-) -> tuple[list[str], list[list[Any]]]:
-    """Column names and rows of one section; rate ratios only among rows of one sweep, and of a row timed on a busy
-    machine only with `busy_ratios` (a figure, which marks them: the table shows none)."""
+def table_rows(exp, cells, records: list[Record | None]) -> tuple[list[str], list[list[Any]]]:
+    """Column names and rows of one section; rate ratios only among rows of one sweep, and none of a row timed on a
+    busy machine (a figure marks those withheld)."""
     base_idx = next((i for i, c in enumerate(cells) if c.row.name == exp.baseline), None)
     base_rec = records[base_idx] if base_idx is not None else None
     base_row = cells[base_idx].row if base_idx is not None else None
     flops, busy = has_flops(records), has_busy(records)
-    rows = [_values(exp, c, rec, base_rec, base_row, flops, busy, busy_ratios) for c, rec in zip(cells, records)]
+    rows = [_values(exp, c, rec, base_rec, base_row, flops, busy) for c, rec in zip(cells, records)]
     return [c.name for c in columns(exp, flops, busy)], rows
 
 
