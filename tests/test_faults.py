@@ -663,3 +663,16 @@ def test_a_failed_reference_row_says_which_command_brings_the_ratios_back():
     assert "`baseline-fp32` is `error`" in line
     assert "--set seed=3 --only baseline-fp32 --only l2l-fp32 --force" in line
     assert tables.reference_note(exp, cells, [ok, ok]) == []
+
+
+def test_wandb_without_a_home_writes_beside_its_runs_and_says_nothing_of_its_own(tmp_path):
+    """W&B offline with HOME unset printed some 25 lines of its own errors (a logger path it could not make)."""
+    pytest.importorskip("wandb")
+    env = {k: v for k, v in os.environ.items() if k != "HOME" and not k.startswith("WANDB_")}
+    env.update(SUITE_RESULTS_DIR=str(tmp_path), SUITE_MACHINE="m")
+    cmd = [sys.executable, "-m", "suite", "run", "table2", "--profile", "tiny", "--only", "baseline-fp32"]
+    done = subprocess.run(
+        [*cmd, "--measure", "count", "--wandb", "offline"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert list((tmp_path / "wandb").glob("wandb/offline-run-*")), "no offline run"

@@ -111,15 +111,22 @@ def said(mode: str, results_dir: Path | str, runs: int) -> str | None:
 @contextlib.contextmanager
 def _data_beside(dir: str):
     """While a run lives, W&B's data (a table's staging copy, which an offline run's later sync reads) goes beside
-    its runs unless WANDB_DATA_DIR says otherwise, not under ~/.local/share; the environment is restored after."""
-    if os.environ.get("WANDB_DATA_DIR"):
-        yield
-        return
-    os.environ["WANDB_DATA_DIR"] = str(Path(dir) / "data")
+    its runs unless WANDB_DATA_DIR says otherwise, not under ~/.local/share; and where there is no usable home
+    (HOME unset, or not writable: W&B printed some 25 lines of its own errors), its config and cache go there too.
+    The environment is restored after."""
+    home = os.environ.get("HOME")
+    homeless = not home or not os.access(home, os.W_OK)
+    wanted = {"WANDB_DATA_DIR": "data"}
+    if homeless:
+        wanted.update(WANDB_CONFIG_DIR="config", WANDB_CACHE_DIR="cache")
+    set_here = [k for k in wanted if not os.environ.get(k)]
+    for k in set_here:
+        os.environ[k] = str(Path(dir) / wanted[k])
     try:
         yield
     finally:
-        os.environ.pop("WANDB_DATA_DIR", None)
+        for k in set_here:
+            os.environ.pop(k, None)
 
 
 def _run(
