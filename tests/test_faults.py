@@ -358,7 +358,8 @@ def test_wandb_writes_under_the_results_folder_and_nowhere_else(tmp_path, monkey
     (rec,) = sweep(req, progress=said.append)
     # kept relative to the results folder: the record reads the same in any clone
     assert rec["status"] == "ok" and rec["wandb_dir"].startswith("wandb/wandb/offline-run-"), rec["wandb_dir"]
-    assert f"W&B: 1 offline run(s) under {results / 'wandb'}; to upload them: wandb sync" in said[-1], said
+    runs = results / "wandb" / "wandb"
+    assert f"W&B: 1 offline run(s) under {runs}; to upload them: wandb sync {runs}/offline-run-*" in said[-1], said
     assert list((results / "wandb").glob("wandb/offline-run-*")), "no offline runs in the results folder"
     assert not list(cwd.iterdir()) and not list(home.rglob("*wandb*")), (list(cwd.iterdir()), list(home.rglob("*")))
 

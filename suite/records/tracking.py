@@ -104,7 +104,7 @@ def said(mode: str, results_dir: Path | str, runs: int) -> str | None:
         return None
     if mode == "online":
         return f"W&B: {runs} run(s) logged to project {PROJECT}"
-    where = folder(results_dir)
+    where = Path(folder(results_dir)) / "wandb"  # W&B keeps its runs in a `wandb` folder of the folder it is given
     return f"W&B: {runs} offline run(s) under {where}; to upload them: wandb sync {where}/offline-run-*"
 
 
