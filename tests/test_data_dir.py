@@ -36,7 +36,7 @@ def test_a_runs_data_folder_leaves_every_section_as_its_records_say(tmp_path, mo
     empty.mkdir()
     monkeypatch.setenv(paths.GLUE_DIR_ENV, str(empty))
     assert tables.write_tables(exp, tmp_path)[0].read_text() == plain
-    # a clone with nothing beside it: the `small` profile's default folder (../shared/data/glue) is not there
+    # a clone whose `small` data folder is not there (a folder named but absent)
     import experiments.table7 as table7
 
     monkeypatch.delenv(paths.GLUE_DIR_ENV)

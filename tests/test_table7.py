@@ -26,7 +26,7 @@ def results_env(tmp_path, monkeypatch):
 
 
 def test_rows_carry_the_papers_values_and_honest_skips(results_env, monkeypatch):
-    # The fixtures stand in for ../shared/data/glue (same layout, QNLI dev only), which a clone may lack.
+    # The fixtures stand in for a real GLUE folder (same layout, QNLI dev only), which a clone may lack.
     monkeypatch.setenv(table7.ENV_DATA_DIR, str(FIXTURES))
     rows = {r.name: r for r in table7.EXPERIMENT.rows("small")}
     assert len(rows) == 6 * 6  # six tasks: baseline FP32 at three seeds, L2L FP32, AMP, L2L-CMP

@@ -66,50 +66,41 @@ def _check_data_dir(exp, folder: str) -> None:
         raise ConfigError(f"--data-dir {folder!r}: {problem}")
 
 
-def _needs_cuda(req) -> None:
-    """Refuse, before anything runs, to time cells on a CUDA device this machine does not have (each would start
-    and be an error); a count of them needs none (it counts as the device would)."""
-    from suite.core.plan import expand
-
-    if req.measure != "time" or req.nodes.multi or not any(c.run.device == "cuda" for c in expand(req)):
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            "device=cuda was asked for, but torch sees no CUDA device on this machine: use device=cpu or auto, or "
-            "--measure count to count the cells as the device would hold them"
-        )
-
-
 PAPER_ON_CPU_S = 1800.0  # past this bound, a timed paper-profile sweep on a CPU asks for --yes
 
 
-def _paper_on_a_cpu(req) -> None:
-    """A timed paper-profile sweep on a machine without CUDA runs BERT-Large-size cells on its cores: say what it
-    may take, before anything runs, and ask for --yes past PAPER_ON_CPU_S."""
-    if req.profile != "paper" or req.measure != "time" or req.nodes.multi:
+def _fits_this_machine(req, yes: bool) -> None:
+    """Before anything runs, for a timed sweep on this machine: refuse cells on a CUDA device it does not have (each
+    would start and be an error; a count needs none), and, without `yes`, a paper-profile sweep on its CPU whose
+    cell-rounds may take past PAPER_ON_CPU_S (BERT-Large-size cells on its cores): say what it may take."""
+    if req.measure != "time" or req.nodes.multi:
         return
     from suite.core.plan import expand
 
-    cells = [c for c in expand(req) if c.run.device != "cuda"]
-    if not cells:
+    cells = expand(req)
+    cuda = any(c.run.device == "cuda" for c in cells)
+    on_cpu = [c for c in cells if c.run.device != "cuda"] if req.profile == "paper" and not yes else []
+    if not cuda and not on_cpu:
         return
     import torch
 
     if torch.cuda.is_available():
         return
+    if cuda:
+        raise ConfigError(
+            "device=cuda was asked for, but torch sees no CUDA device on this machine: use device=cpu or auto, or "
+            "--measure count to count the cells as the device would hold them"
+        )
     from suite.core.kinds import is_timed
 
     rounds = max(req.rounds or 1, 1)
-    bound = sum((req.timeout or c.timeout) * (rounds if is_timed(c.kind) else 1) for c in cells)
-    if bound <= PAPER_ON_CPU_S:
-        return
-    raise ConfigError(
-        f"--profile paper on this machine's CPU times {len(cells)} cell(s) at the paper's model sizes, {rounds} "
-        f"round(s) each, up to {bound / 3600:.1f} h (each cell-round's timeout; cells finished before are reused): "
-        "add --yes to go on, or --measure count to count their memory in minutes"
-    )
+    bound = sum((req.timeout or c.timeout) * (rounds if is_timed(c.kind) else 1) for c in on_cpu)
+    if bound > PAPER_ON_CPU_S:
+        raise ConfigError(
+            f"--profile paper on this machine's CPU times {len(on_cpu)} cell(s) at the paper's model sizes, {rounds} "
+            f"round(s) each, up to {bound / 3600:.1f} h (each cell-round's timeout; cells finished before are "
+            "reused): add --yes to go on, or --measure count to count their memory in minutes"
+        )
 
 
 def _run(args) -> int:
@@ -139,9 +130,7 @@ def _run(args) -> int:
         stale=args.stale,
         precount=args.precount,
     )
-    _needs_cuda(req)
-    if not args.yes:
-        _paper_on_a_cpu(req)
+    _fits_this_machine(req, args.yes)
     records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented") or contended(r["metrics"])]
     return 1 if bad and args.strict else 0
