@@ -61,6 +61,13 @@ def l2l_row(
     return Row(name, method, {**overrides, **(options or {})}, labels, paper or {}, skip, count_anyway)
 
 
+def placed(options: dict) -> dict:
+    """A relay's options as a table's labels say them: the stash's place as `device` or `host` (the option's `gpu`
+    and `cpu`), which reads true on a CPU machine too."""
+    where = {"gpu": "device", "cpu": "host"}
+    return {k: where.get(v, v) if k == "stash" else v for k, v in options.items()}
+
+
 def bert_params(
     layers: int, hidden: int, intermediate: int, vocab_size: int, max_seq: int, num_labels: int = 2, type_vocab: int = 2
 ) -> int:

@@ -182,10 +182,10 @@ EXPERIMENT = PretrainExperiment(
     "Adam lr 1e-4, warm-up then linear decay, sequence 512",
     metrics=[
         Metric("ft_score", "fine-tuned dev (%)", ratio=False),
-        Metric("ft_score_90", "fine-tuned dev, 90% of steps (%)", ratio=False),
+        Metric("ft_score_90", "fine-tuned dev, 90% of steps (%)", ratio=False, brief=False),
         Metric("val_loss", "val loss", "{:.4f}", ratio=False),
         Metric("val_ppl", "val perplexity", ratio=False),
-        Metric("final_loss", "last train loss", "{:.4f}", ratio=False),
+        Metric("final_loss", "last train loss", "{:.4f}", ratio=False, brief=False),
         Metric("samples_per_s", "samples/s", "{:.1f}", ratio=False),
     ],
     label_columns=["model", "optimizer", "batch"],

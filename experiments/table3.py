@@ -36,7 +36,7 @@ def rows(profile: str) -> list[Row]:
                 f"l2l-cmp-u{u}",
                 "l2l-cmp",
                 {"num_micro_batches": u},
-                {**labels, "stash": "cpu"},
+                {**labels, "stash": "host"},
                 {"throughput": PAPER[u][0], "memory_gb": PAPER[u][1]},
                 options=L2L_OPTIONS,
             )

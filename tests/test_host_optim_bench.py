@@ -47,7 +47,7 @@ def test_the_cell_measures_every_candidate_through_the_runner_and_renders(tmp_pa
     page = (tmp_path / "bench-host-optim.md").read_text()
     assert "| layer-1-thread | l2l | layer | ok" in page and "| layer-all-threads | l2l | layer | not run |" in page
     assert "**layer** (" in page and "| suite LAMB, fused (L2L's host) |" in page and "Ratios to: " in page
-    candidates = page.split("**layer** (")[1].split("Notes: ")[0]
+    candidates = page.split("**layer** (")[1].split("<details>")[0]
     assert (
         "| fixed µs/step (share) |" in candidates and candidates.count(" | — |\n") == 1
     )  # the triad has no fixed cost

@@ -44,7 +44,8 @@ class Metric:
     fmt: str = "{:.2f}"
     ratio: bool = True
     paper: bool = True  # False where the paper has no such number (a column of dashes says nothing)
-    unit: str | None = None  # "GB": values in GB, shown in the unit that reads well at their scale (MB, KB)
+    unit: str | None = None  # "GB": values in GB, shown in one unit per section that reads well at its scale
+    brief: bool = True  # in each section's compact table (False: only in its table of every column)
 
 
 @dataclass

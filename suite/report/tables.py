@@ -29,11 +29,13 @@ from suite.records.trust import suspect
 
 @dataclass
 class Column:
-    """One column: its CSV (and W&B) name, its markdown heading, and how a value reads in markdown."""
+    """One column: its CSV (and W&B) name, its markdown heading, how a value reads in markdown, and whether the
+    section's compact table shows it (every column is in the table folded below it)."""
 
     name: str
     title: str
     show: Callable[[Any], str]
+    brief: bool = False
 
 
 def _num(x: Any) -> float | None:
@@ -44,6 +46,14 @@ def _text(x: Any) -> str:
     return "—" if x is None else str(x)
 
 
+def _label(x: Any) -> str:
+    return "" if x is None else str(x)  # blank: the label does not apply to what the row ran
+
+
+# A size unit's scale in GB, the unit sizes are recorded in.
+SIZE_UNITS = {"TB": 1e3, "GB": 1.0, "MB": 1e-3, "KB": 1e-6}
+
+
 def human_bytes(gb: float) -> str:
     """A size given in GB in the unit that reads well at its scale: GB, MB below 1 GB, KB at tiny shapes."""
     b = gb * 1e9
@@ -51,6 +61,13 @@ def human_bytes(gb: float) -> str:
         if abs(b) >= scale:
             return f"{b / scale:.3g} {unit}"
     return f"{b:.0f} B"
+
+
+def size_unit(values: list[Any]) -> str:
+    """The one unit of a column pair of sizes in GB (ours and the paper's): the largest in which the largest is 1 or
+    more, so that no value needs an exponent and both columns read in the same unit."""
+    top = max((abs(v) for v in map(paper_number, values) if v is not None), default=0.0)
+    return next((u for u, scale in SIZE_UNITS.items() if top >= scale), "KB")
 
 
 def as_printed(x: Any) -> str:
@@ -74,13 +91,21 @@ def _shower(fmt: str, unit: str | None) -> Callable[[Any], str]:
         v = _num(x)
         if v is None:
             return _text(x)
-        return human_bytes(v) if unit == "GB" else fmt.format(v)
+        return f"{v / SIZE_UNITS[unit]:.3g}" if unit in SIZE_UNITS else fmt.format(v)
 
     return show
 
 
 def _paper_shower(unit: str | None) -> Callable[[Any], str]:
-    return lambda x: as_printed(x) + (f" {unit}" if unit and paper_number(x) is not None else "")
+    """The paper's value as printed, in its unit (GB for sizes); converted where the section reads in another."""
+
+    def show(x: Any) -> str:
+        v = paper_number(x)
+        if v is None or unit not in SIZE_UNITS or unit == "GB":
+            return as_printed(x)
+        return f"{v / SIZE_UNITS[unit]:.3g}"
+
+    return show
 
 
 def _ratio(x: Any) -> str:
@@ -91,33 +116,55 @@ def _yes_no(x: Any) -> str:
     return "—" if x is None else ("yes" if x else "no")
 
 
-def columns(exp, flops: bool = False, busy: bool = False) -> list[Column]:
+def _words(label: str) -> str:
+    """A metric's label without its unit: "throughput (samples/s)" -> "throughput"."""
+    return re.sub(r"\s*\([^)]*\)$", "", label)
+
+
+def columns(exp, flops: bool = False, busy: bool = False, units: dict[str, str] | None = None) -> list[Column]:
     """The columns of one section: labels, status, sweep, then per metric ours (its rounds' spread when
     timed in rounds; with `flops`, a CUDA section's achieved TFLOPS and MFU beside its throughput; with `busy`,
     the share of a traced step in which the device computed) / paper / ratio to the baseline ours (whether within
-    noise) / paper."""
-    cols = [Column("row", "row", _text), Column("method", "method", _text)]
-    cols += [Column(c, c, _text) for c in exp.label_columns]
-    cols += [Column("status", "status", _text), Column("sweep", "sweep", _text)]
+    noise) / paper. A size metric reads in `units[key]` (size_unit; GB where not given), named in its heading.
+    Names are the CSV's (stable: programs and the claims read them); titles are the page's, in words."""
+    units = units or {}
+    cols = [Column("row", "row", _text, True), Column("method", "method", _text, True)]
+    cols += [Column(c, c, _label) for c in exp.label_columns]
+    cols += [Column("status", "status", _text, True), Column("sweep", "sweep", _text)]
     for m in exp.metrics:
         unit, timed = m.unit, m.key in RATES
+        shown_unit = units.get(m.key, unit) if unit in SIZE_UNITS else unit
+        named = f"{m.label} ({shown_unit})" if shown_unit else m.label
         ours = f"{m.label} ours" if m.paper else m.label
-        cols.append(Column(ours + (f" ({unit})" if unit else ""), ours, _shower(m.fmt, unit)))
+        cols.append(
+            Column(
+                ours + (f" ({unit})" if unit else ""),
+                f"{named} ours" if m.paper else named,
+                _shower(m.fmt, shown_unit),
+                m.brief,
+            )
+        )
         if timed:
             cols.append(Column(f"{m.label} spread", "spread", _text))
         if flops and m.key == "throughput":
-            cols += [Column("TFLOPS", "TFLOPS", _shower("{:.1f}", "")), Column("MFU", "MFU", _percent)]
+            cols += [Column("TFLOPS", "TFLOPS", _shower("{:.1f}", ""), True), Column("MFU", "MFU", _percent, True)]
         if busy and m.key == "throughput":
             cols.append(Column("device busy", "device busy", _percent))
         if m.paper:
             cols.append(
-                Column(f"{m.label} paper" + (f" ({unit})" if unit else ""), f"{m.label} paper", _paper_shower(unit))
+                Column(
+                    f"{m.label} paper" + (f" ({unit})" if unit else ""),
+                    f"{named} paper",
+                    _paper_shower(shown_unit),
+                    m.brief,
+                )
             )
         if m.ratio:
-            cols.append(Column(f"{m.key} x{exp.baseline} ours", f"{m.key} x{exp.baseline} ours", _ratio))
+            ratio = f"{_words(m.label)} ratio to {exp.baseline}"
+            cols.append(Column(f"{m.key} x{exp.baseline} ours", f"{ratio}, ours", _ratio, m.brief))
             if timed:
                 cols.append(Column(f"{m.key} x{exp.baseline} within noise", "within noise", _yes_no))
-            cols.append(Column(f"{m.key} x{exp.baseline} paper", f"{m.key} x{exp.baseline} paper", _ratio))
+            cols.append(Column(f"{m.key} x{exp.baseline} paper", f"{ratio}, paper", _ratio, m.brief))
     return cols
 
 
@@ -131,8 +178,43 @@ def has_flops(records: list[Record | None]) -> bool:
 
 
 def has_busy(records: list[Record | None]) -> bool:
-    """Whether a section's records carry a traced step's timeline (L2L's, since #31): its device busy % shows."""
-    return any("device_busy" in metrics_of(r) for r in records)
+    """Whether a section's records carry a device's traced step timeline (L2L's on a GPU, since #31): its device
+    busy % shows. On a CPU the device is the host, so the share says nothing of a device: not shown."""
+    return any("device_busy" in metrics_of(r) and r.get("device_type") != "cpu" for r in records if r)
+
+
+def _ran_as_defined(exp, cell, rec: Record | None) -> bool:
+    """Whether a row ran as the paper's row it stands for: not a variant's row that the variant's --set changed
+    (its reference row runs as the table defines it) and the method the row names. Only such a row shows the
+    paper's values beside its own."""
+    if rec is None:
+        return True
+    if (rec.get("config") or {}).get("variant") and cell.row.name != exp.baseline:
+        return False
+    return cell.run.method == cell.row.method
+
+
+def _status(cell, rec, base_rec, metrics) -> tuple[str, str]:
+    """A row's status in full (every flag with its reason: the table of every column) and brief (the flags'
+    names: the compact table)."""
+    status = rec["status"] if rec else (f"skipped: {cell.row.skip}" if cell.row.skip else "not run")
+    full, brief = status, status
+    if contended(metrics):
+        full, brief = f"{full}, contended", f"{brief}, contended"
+    if rec and rec.get("suspect"):  # shown with its reason; no ratio rests on it (suite/records/trust.py)
+        full, brief = f"{full}, suspect: {rec['suspect']}", f"{brief}, suspect"
+    if rec and base_rec and another_code(rec, base_rec):  # shown for context: no ratio crosses codes
+        full += f", another code: {commit_of(rec)} (the reference's {commit_of(base_rec)})"
+        brief += ", another code"
+    if isinstance(allowance := metrics.get("count_allowance_gb"), (int, float)):
+        # a peer counted on a CPU without the offload its GPU run has (suite.core.cell.count_cell)
+        full += (
+            f" (past the cap even with {allowance:.1f} GB on the host, as its offload would keep them)"
+            if status == "oom"
+            else f" (counted without its offload: up to {allowance:.1f} GB of this on the host on a GPU)"
+        )
+        brief += ", counted without its offload"
+    return full, brief
 
 
 def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False) -> list[Any]:
@@ -145,29 +227,21 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy
     # A row timed on a busy machine, or against a baseline that was, shows its figures but no ratio of a rate
     # (its memory ratios stand: load does not change what a step allocates).
     busy = contended(metrics) or contended(metrics_of(base_rec))
-    shown = f"{status}, contended" if contended(metrics) else status
     # A suspect row (suite/records/trust.py), or one whose reference is, shows its figures and its reason, no ratio
     doubted = bool((rec or {}).get("suspect") or (base_rec or {}).get("suspect"))
-    shown += f", suspect: {rec['suspect']}" if rec and rec.get("suspect") else ""
-    if rec and base_rec and another_code(rec, base_rec):  # shown for context: no ratio crosses codes
-        shown += f", another code: {commit_of(rec)} (the reference's {commit_of(base_rec)})"
-    if isinstance(allowance := metrics.get("count_allowance_gb"), (int, float)):
-        # a peer counted on a CPU without the offload its GPU run has (suite.core.cell.count_cell)
-        shown += (
-            f" (past the cap even with {allowance:.1f} GB on the host, as its offload would keep them)"
-            if status == "oom"
-            else f" (counted without its offload: up to {allowance:.1f} GB of this on the host on a GPU)"
-        )
+    as_defined = _ran_as_defined(exp, cell, rec)
+    labels = labels_of(exp, cell, rec)
     line: list[Any] = [
         cell.row.name,
         cell.run.method,  # what ran (a variant's method where it set one)
-        *[labels_of(exp, cell, rec).get(c, "") for c in exp.label_columns],
-        shown,
+        *[None if labels.get(c) in ("NA", None) else labels[c] for c in exp.label_columns],
+        _status(cell, rec, base_rec, metrics)[0],
         rec.get("sweep") if rec else None,
     ]
     for m in exp.metrics:
         # An oom record has metrics only when they say why (a projection's memory past its cap).
-        ours, paper = _num(metrics.get(m.key)) if measured(status) else None, cell.row.paper.get(m.key)
+        ours = _num(metrics.get(m.key)) if measured(status) else None
+        paper = cell.row.paper.get(m.key) if as_defined else None
         line.append(ours)
         own = spread(metrics, m.key) if ours is not None else None
         if m.key in RATES:
@@ -297,66 +371,104 @@ def _machine_line(records) -> str:
     )
 
 
-def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, str]:
-    """Markdown and CSV text of one section of an experiment's table, with its machine, notes and provenance."""
-    cols = columns(exp, has_flops(records), has_busy(records))
+def _briefs(exp, cells, records: list[Record | None]) -> list[str]:
+    """Each row's status as the compact table shows it (its flags' names; _status)."""
+    base = next((r for c, r in zip(cells, records) if c.row.name == exp.baseline), None)
+    return [_status(c, r, (r or {}).get("reference") or base, metrics_of(r))[1] for c, r in zip(cells, records)]
+
+
+def _units(exp, cells, records: list[Record | None]) -> dict[str, str]:
+    """The one unit of each size metric in a section (size_unit over ours and the paper's values)."""
+    return {
+        m.key: size_unit([metrics_of(r).get(m.key) for r in records] + [c.row.paper.get(m.key) for c in cells])
+        for m in exp.metrics
+        if m.unit in SIZE_UNITS
+    }
+
+
+def _md_table(head: list[str], lines: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(x) + " |" for x in lines)]
+
+
+def compact_table(exp, cols: list[Column], rows: list[list[Any]], briefs: list[str]) -> list[str]:
+    """The section's table in a minute: the row, what ran, the figures that answer the table's question with the
+    paper's and the ratios (a rate's marked where it is within noise), status last (brief: its flags' names)."""
+    names = [c.name for c in cols]
+    shown = [i for i, c in enumerate(cols) if c.brief and c.name != "status"]
+    lines = []
+    for r, brief in zip(rows, briefs):
+        line = []
+        for i in shown:
+            text = cols[i].show(r[i])
+            noise = names[i].removesuffix(" ours") + " within noise"
+            if names[i].endswith(" ours") and noise in names and r[names.index(noise)]:
+                text += ", within noise"
+            line.append(text)
+        lines.append([*line, brief])
+    return _md_table([cols[i].title for i in shown] + ["status"], lines)
+
+
+def _notes(exp, records: list[Record | None]) -> list[str]:
+    """The paragraphs on how to read a section that hold for every section of a page: the page says them once."""
+    notes = []
+    if any(spread(metrics_of(r), m.key) for r in records for m in exp.metrics):
+        notes.append(
+            "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
+            "row's and the baseline's min-max spreads overlap, so the ratio does not tell them apart."
+        )
+    if has_flops(records):
+        notes.append(
+            "TFLOPS: the model's training FLOPs per sample (three forwards' matmuls; a recompute's extra forward not "
+            "counted: that is the record's `hardware_tflops`) times the throughput, as `suite/measure/flops.py` "
+            "states it. MFU: TFLOPS over the device's dense peak, which each section's machine line names."
+        )
+    if has_busy(records):
+        notes.append(
+            "Device busy: the share of the median timed step's wall time in which the device computed, from the "
+            "step's own trace (CUDA events); each record's `timeline` splits the rest into waits for an upload, a "
+            "stash copy or the host, with the host's prepare and commit time and the prefetches that found their "
+            "layer's update unfinished (methods/l2l/timeline.py). Not shown on a CPU, where the device is the host."
+        )
+    if any(r and status_of(r).kind == "partial" for r in records):
+        notes.append(
+            "`partial: k/n rounds`: the figures are those of the k rounds measured before the call that ran "
+            "them ended (a GPU campaign stage at its deadline); the same command resumes the other rounds."
+        )
+    if any(r and (r.get("config") or {}).get("variant") for r in records):
+        notes.append(
+            "A variant's section (its title names the `--set` that changed what the rows run) shows the paper's "
+            "values only beside its reference row, which runs as the table defines it."
+        )
+    told = next((metrics_of(r).get("not_counted") for r in records if metrics_of(r).get("not_counted")), None)
+    if told:
+        notes.append(f"Counted memory leaves out, each its own term on a GPU: {told}.")
+    if exp.notes:
+        notes.append(exp.notes)
+    return notes
+
+
+def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, str, list[str]]:
+    """Markdown and CSV text of one section of an experiment's table (its compact table, then every column, the
+    counted memory and the provenance folded), and the notes on reading it that the page says once (_notes)."""
+    flops, busy = has_flops(records), has_busy(records)
+    cols = columns(exp, flops, busy, _units(exp, cells, records))
     _, rows = table_rows(exp, cells, records)
     buf = io.StringIO()
     csv.writer(buf).writerows([[c.name for c in cols], *[[("" if v is None else v) for v in r] for r in rows]])
-    md = [
-        f"# {exp.title}",
-        "",
-        f"Source: {exp.source}",
-        "",
-        f"## {title}",
-        "",
-        _machine_line(records),
-        "",
-        "Generated from results/runs/ by `python -m suite run`; do not edit by hand.",
-        "",
-        "| " + " | ".join(c.title for c in cols) + " |",
-        "|" + "---|" * len(cols),
-    ]
-    for r in rows:
-        md.append("| " + " | ".join(c.show(v) for c, v in zip(cols, r)) + " |")
-    md += [""]
+    machine = _machine_line(records)
+    if flops:
+        peaks = sorted({metrics_of(r).get("peak_of") for r in records if "model_tflops" in metrics_of(r)} - {None})
+        machine += f" MFU against the dense peak of {'; '.join(peaks) or 'the device'}."
+    md = [f"## {title}", "", machine, "", *compact_table(exp, cols, rows, _briefs(exp, cells, records)), ""]
     note = _sweep_note(exp, cells, records)
     if note:
         md += [note, ""]
     md += contended_note(exp, cells, records)
     md += reference_note(exp, cells, records)
-    if any(spread(metrics_of(r), m.key) for r in records for m in exp.metrics):
-        md += [
-            "Throughput is the median of interleaved timing rounds (ABC ABC ABC); `within noise`: the "
-            "row's and the baseline's min-max spreads overlap, so the ratio does not tell them apart.",
-            "",
-        ]
-    if has_flops(records):
-        peaks = sorted({metrics_of(r).get("peak_of") for r in records if "model_tflops" in metrics_of(r)} - {None})
-        md += [
-            "TFLOPS: the model's training FLOPs per sample (three forwards' matmuls; a recompute's extra forward not "
-            "counted: that is the record's `hardware_tflops`) times the throughput, as `suite/measure/flops.py` "
-            f"states it. MFU: TFLOPS over the dense peak of {'; '.join(peaks) or 'the device'}.",
-            "",
-        ]
-    if has_busy(records):
-        md += [
-            "Device busy: the share of the median timed step's wall time in which the device computed, from the "
-            "step's own trace (CUDA events; on a CPU the host clock); each record's `timeline` splits the rest into "
-            "waits for an upload, a stash copy or the host, with the host's prepare and commit time and the "
-            "prefetches that found their layer's update unfinished (methods/l2l/timeline.py).",
-            "",
-        ]
-    if any(r and status_of(r).kind == "partial" for r in records):
-        md += [
-            "`partial: k/n rounds`: the figures are those of the k rounds measured before the call that ran "
-            "them ended (a GPU campaign stage at its deadline); the same command resumes the other rounds.",
-            "",
-        ]
-    md += counted_breakdown(cells, records)
     md += exp.detail(cells, records) if exp.detail is not None else []
-    if exp.notes:
-        md += [f"Notes: {exp.notes}", ""]
+    md += ["<details><summary>Every column, the counted memory by role, and each row's provenance</summary>", ""]
+    md += _md_table([c.title for c in cols], [[c.show(v) for c, v in zip(cols, r)] for r in rows]) + [""]
+    md += counted_breakdown(cells, records)
     md += ["Provenance:", ""]
     for cell, rec in zip(cells, records):
         if not rec:
@@ -379,7 +491,8 @@ def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, s
         if rec["status"] != "ok":
             desc += f" — {reason(rec)}"
         md.append(desc)
-    return "\n".join(md) + "\n", buf.getvalue()
+    md += ["", "</details>", ""]
+    return "\n".join(md) + "\n", buf.getvalue(), _notes(exp, records)
 
 
 def rerun_command(experiment: str, profile: str, rows: list[str], settings: list[str] = ()) -> str:
@@ -460,9 +573,7 @@ def counted_breakdown(cells, records: list[Record | None]) -> list[str]:
         ranks = m.get("counted_ranks") or range(len(m.get("rank_memory", [])))
         line.append(" / ".join(f"{r}: {gb(b)}" for r, b in zip(ranks, m.get("rank_memory", []))))
         md.append("| " + " | ".join(line) + " |")
-    told = next((metrics_of(r).get("not_counted") for _, r in counted if metrics_of(r).get("not_counted")), None)
-    md += ["", f"Not counted, each its own term on a GPU: {told}.", ""] if told else [""]
-    return md
+    return md + [""]
 
 
 @contextmanager
@@ -534,28 +645,32 @@ def anchor(title: str) -> str:
 
 
 def write_tables(exp, results_dir: Path) -> tuple[Path, Path]:
-    """results/<experiment>.md and .csv, one section per machine, profile, device and variant with records."""
-    parts, csv_rows = [], []
+    """results/<experiment>.md and .csv, one section per machine, profile, device and variant with records: the page
+    leads with its title, source and sections, each section with its compact table, and says its notes once."""
+    parts, csv_rows, notes = [], [], {}
     secs = sections(exp, results_dir)
     for title, cells, records in secs:
-        md, csv_text = render(exp, cells, records, title)
-        *head, rest = md.split("\n", 4)  # the title and source, then the section
-        if parts:
-            parts.append(rest)  # the title, source and sections only once
-        elif len(secs) > 1:  # the sections, each a link, under the title and source
-            listed = [f"- [{t}](#{anchor(t)})" for t, _, _ in secs]
-            parts.append("\n".join([*head, f"Sections ({len(secs)}):", "", *listed, "", rest]))
-        else:
-            parts.append(md)
+        md, csv_text, said = render(exp, cells, records, title)
+        parts.append(md)
+        notes.update(dict.fromkeys(said))
         header, *lines = list(csv.reader(io.StringIO(csv_text)))
         csv_rows += [{"section": title, **dict(zip(header, line))} for line in lines]
     md_path, csv_path = results_dir / f"{exp.name}.md", results_dir / f"{exp.name}.csv"
+    head = [f"# {exp.title}", "", f"Source: {exp.source}", ""]
     if not parts:  # no records on any machine: a page that says so, never an empty file
-        parts.append(
-            f"# {exp.title}\n\nSource: {exp.source}\n\nNo records yet, on any machine: "
-            f"`{paths.DOCUMENTED_SUITE} run {exp.name}` measures them.\n"
-        )
-    write_atomic(md_path, "\n".join(parts))
+        page = head + [f"No records yet, on any machine: `{paths.DOCUMENTED_SUITE} run {exp.name}` measures them.", ""]
+    else:
+        head += [
+            "Generated from results/runs/ by `python -m suite run`; do not edit by hand. Each section (a machine, "
+            "profile and device) leads with its compact table; every column, the counted memory by role and each "
+            "row's provenance are folded below it"
+            + ("; the notes on reading them are at the end ([Notes](#notes))." if notes else "."),
+            "",
+        ]
+        if len(secs) > 1:  # the sections, each a link
+            head += [f"Sections ({len(secs)}):", "", *[f"- [{t}](#{anchor(t)})" for t, _, _ in secs], ""]
+        page = head + parts + (["## Notes", "", *(x for n in notes for x in (n, ""))] if notes else [])
+    write_atomic(md_path, "\n".join(page).rstrip("\n") + "\n")
     # One tidy table a program reads: every section's columns, in the order they first appear, each row blank where
     # its section has no such column (sections differ: TFLOPS and MFU on a GPU, device busy where it was read).
     names = list(dict.fromkeys(k for row in csv_rows for k in row)) or ["section"]

@@ -78,6 +78,8 @@ def test_measurement_and_table_carry_the_device_busy_share():
     plain = build_method(RunConfig(method="grad_accum", device="cpu", model=ModelConfig(layers=2)).validate())
     assert "device_busy" not in measure(plain, synthetic_batches(plain.run), 0, 1, torch.device("cpu")).summary()
     assert tables.has_busy([None, {"metrics": summary}]) and not tables.has_busy([{"metrics": {"throughput": 1.0}}])
+    # On a CPU the device is the host: the share is recorded, and the table shows no device busy column for it
+    assert not tables.has_busy([{"device_type": "cpu", "metrics": summary}])
 
 
 def test_the_device_busy_column_holds_each_rows_share():
