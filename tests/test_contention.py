@@ -70,13 +70,17 @@ def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_p
     records = sweep(req, progress=said.append)
     assert all(r["metrics"]["contention"]["contended"] for r in records), [r["metrics"]["contention"] for r in records]
     assert _cell(tmp_path, "b", "status") == "ok, contended"
-    assert _cell(tmp_path, "b", "throughput xa ours") == "—"  # a rate's ratio: not shown
-    assert _cell(tmp_path, "b", "memory_gb xa ours").endswith("x")  # memory's stands
+    assert _cell(tmp_path, "b", "throughput ratio to a, ours") == "—"  # a rate's ratio: not shown
+    assert _cell(tmp_path, "b", "memory ratio to a, ours").endswith("x")  # memory's stands
     md = (tmp_path / "trust-test.md").read_text()
     (note,) = [ln for ln in md.splitlines() if ln.startswith("`contended` (`a`, `b`): the machine was busy")]
     assert len(note) < 500 and "<summary>why each is contended (2 rows)</summary>" in md  # the details folded
     (line,) = [m for m in said if m.startswith("contended")]
     assert line.endswith("--only a --only b --force")
+    again = []  # the same command again: each cached line says the record was contended
+    sweep(req, progress=again.append)
+    cached = [m for m in again if "(cached on m," in m]
+    assert len(cached) == 2 and all("contended: no rate ratio shown" in m for m in cached), again
 
 
 def test_strict_fails_on_a_contended_cell(monkeypatch):

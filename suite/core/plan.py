@@ -17,6 +17,7 @@ from suite.core.kinds import is_timed
 from suite.core.request import SweepRequest
 from suite.core.rounds import resumable
 from suite.core.schedule import by_shape
+from suite.measure.contention import contended
 from suite.measure.provenance import code_digest, versions
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
@@ -292,6 +293,8 @@ def _decide(
             why += f"; kept, as it cannot be measured again here ({cannot})"  # never replaced by an error
         if why is None or req.stale == "keep" or cannot is not None:
             kept = f", stale: {why}" if why else ""
+            if contended(cached.get("metrics") or {}):  # timed on a busy machine: its table shows no rate ratio
+                kept += ", contended: no rate ratio shown (--force measures it again)"
             progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key}{kept})")
             return Decision(cell, REUSED, f"{cached['status']} on {machine}{kept}", cached)
         progress(f"{tag}: stale ({cached['status']} {why}): measured again (--keep-stale keeps it)")
