@@ -100,3 +100,37 @@ def test_a_rate_of_fewer_than_3_rounds_is_drawn_hatched_memory_of_one_round_is_n
     one = {"status": "ok", "rounds": 1}
     assert plots.thin(one) and not plots.partial(one)
     assert plots.thin({"status": "partial: 1/3 rounds", "rounds": 1}) and not plots.thin({"status": "ok", "rounds": 3})
+
+
+def test_a_busy_reference_withholds_every_rate_of_its_section_and_tiny_memory_says_what_it_cannot_test(
+    tmp_path, monkeypatch
+):
+    """Only the reference timed on a busy machine: the table shows no rate ratio in its section, so the figure marks
+    every row's as withheld (the peers' solid bars against a contended baseline, issue 53). Memory: sections whose
+    ratios are the same draw one bar naming each, and a toy profile's bars come with the words that they do not test
+    the paper's ratio."""
+    import json
+
+    shutil.copytree(paths.RESULTS_DIR / "runs", tmp_path / "runs")
+    for path in (tmp_path / "runs" / "cpu-epyc-f25m1-avx2-2c").glob("*.json"):
+        rec = json.loads(path.read_text())
+        if rec["experiment"] == "table2" and rec["row"] == "baseline-fp32":
+            rec["metrics"]["contention"] = {"contended": True, "reasons": ["load 3.0 on 2 cores"]}
+            path.write_text(json.dumps(rec))
+    drawn = {}
+
+    def keep(fig, results_dir, name, dpi=120):
+        ax = fig.axes[0]
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        drawn[name] = (labels, [t for t in ax.texts if "withheld" in t.get_text()])
+        return results_dir / f"{name}.png"
+
+    monkeypatch.setattr(plots, "save", keep)
+    plots.ratio_figures(get_experiment("table2"), tmp_path)
+    labels, withheld = drawn["table2_throughput"]
+    assert len(withheld) >= 3 and any("or its reference" in x for x in labels)
+    labels, _ = drawn["table2_memory_gb"]
+    merged = [x for x in labels if x.count("· tiny") > 1]  # machines whose memory ratios are the same: one bar
+    assert merged and all(x.count(", ") >= 1 for x in merged)
+    assert any(x.startswith("tiny profile: a toy shape") for x in labels)
+    assert not any("fewer timing rounds" in x for x in labels)  # memory is hatched for a partial record only

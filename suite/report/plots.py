@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 from pathlib import Path
 
 from suite.config.files import write_atomic
@@ -86,15 +87,20 @@ def short(title: str) -> str:
     return f"{machine} · {profile}" + (" · counted" if "counted" in rest else "")
 
 
+HATCHED_RATE = "hatched: fewer timing rounds than planned, or a rate of fewer than 3 (provisional)"
+HATCHED_PARTIAL = "hatched: partial (its call ended before every round was measured)"
+
+
 def legend_below(
     ax,
-    with_partial: bool = False,
+    with_partial: bool | str = False,
     sections: dict[str, str] | None = None,
     notes: list[str] = (),
 ) -> None:
     """The legend under the axes, outside the data, one entry a label: each section's colour (`sections`: label
-    to colour, solid whatever its bars), then what the axes label, the hatching's meaning where a partial row is
-    drawn, then `notes` (what is not drawn, and why)."""
+    to colour, solid whatever its bars), then what the axes label, the hatching's meaning where a hatched row is
+    drawn (`with_partial`: True for a rate's, or the words that say what the hatching marks), then `notes` (what
+    is not drawn, and why)."""
     from matplotlib.patches import Patch
 
     seen = {label: Patch(facecolor=colour, edgecolor=colour) for label, colour in (sections or {}).items()}
@@ -102,7 +108,7 @@ def legend_below(
     seen.update(zip(labels, handles))
     if with_partial:
         hatched = Patch(facecolor="white", edgecolor="grey", hatch=PARTIAL["hatch"])
-        seen["hatched: fewer timing rounds than planned, or a rate of fewer than 3 (provisional)"] = hatched
+        seen[with_partial if isinstance(with_partial, str) else HATCHED_RATE] = hatched
     for note in notes:
         seen[note] = Patch(facecolor="none", edgecolor="none")
     if seen:
@@ -168,19 +174,29 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     key = f"{metric.key} x{exp.baseline}"
     names: list[str] = []
     series, paper = [], {}
+    busy_ref = set()  # sections whose reference was timed on a busy machine: every rate ratio there withheld
     for title, cells, records in secs:
         cols, rows = tables.table_rows(exp, cells, records)  # the ratios the table shows, no other
         ours = {r[0]: (r[cols.index(f"{key} ours")], rec) for r, rec in zip(rows, records)}
+        ref = ours.get(exp.baseline, (None, None))[1]
+        if metric.key in RATES and contended_rec(ref):
+            busy_ref.add(short(title))
         for r in rows:
             if r[0] not in names:
                 names.append(r[0])
             if r[cols.index(f"{key} paper")] is not None:
                 paper.setdefault(r[0], r[cols.index(f"{key} paper")])
-        withheld = any(v is None and contended_rec(rec) for n, (v, rec) in ours.items() if n != exp.baseline)
+        withheld = any(
+            v is None and rec and (contended_rec(rec) or short(title) in busy_ref)
+            for n, (v, rec) in ours.items()
+            if n != exp.baseline
+        )
         if withheld or any(v is not None for n, (v, _) in ours.items() if n != exp.baseline):
             series.append((short(title), ours))
     if not series:
         return None
+    if metric.key not in RATES:  # sizes: machines that counted or measured the same ratios draw one bar, named both
+        series = _merge_same(series, colours)
     doubted = suspect_notes(secs)
     hatch = thin if metric.key in RATES else partial  # a rate needs its rounds; memory one
     plt = pyplot()
@@ -195,7 +211,7 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
             value, rec = ours.get(name, (None, None))
             y = i + k * width
             if value is None:
-                if name != exp.baseline and contended_rec(rec):  # the table withholds it: marked, never drawn
+                if name != exp.baseline and rec and (contended_rec(rec) or label in busy_ref):  # withheld: marked
                     ax.text(1.0, y, "  withheld: contended", va="center", fontsize=6, color=colours[label])
                     withheld = True
                 continue
@@ -217,18 +233,53 @@ def _ratio_figure(exp, secs, metric, colours: dict[str, str]):
     ax.grid(axis="x", alpha=0.3)
     drawn = [rec for _, ours in series for value, rec in ours.values() if value is not None]
     shown = {label: colours[label] for label, _ in series}
+    toy = sorted({p for label, _ in series for p in ("tiny", "small") if f" · {p}" in label})
     notes = [
         *doubted,
-        *(["withheld: contended (timed on a busy machine), as the table withholds it"] if withheld else []),
+        *(
+            ["withheld: contended (the row or its reference timed on a busy machine), as the table withholds it"]
+            if withheld
+            else []
+        ),
+        *(
+            [
+                textwrap.fill(
+                    f"{' and '.join(toy)} profile: a toy shape, where fixed costs (the embeddings, the relay's "
+                    "buffers) outweigh what the paper's ratio measures; it shows the code runs, not the paper's claim",
+                    90,
+                )
+            ]
+            if toy and metric.key not in RATES
+            else []
+        ),
     ]
-    legend_below(ax, any(hatch(rec) for rec in drawn), shown, notes)
+    legend_below(
+        ax, any(hatch(rec) for rec in drawn) and (HATCHED_RATE if hatch is thin else HATCHED_PARTIAL), shown, notes
+    )
     return fig
+
+
+def _merge_same(series, colours: dict[str, str]):
+    """Series whose drawn ratios are the same (3 significant figures) as one, its label naming each (the colour the
+    first one's); the others as they were."""
+    out: list[tuple[str, dict]] = []
+    for label, ours in series:
+        same = tuple(sorted((n, f"{v:.3g}") for n, (v, _) in ours.items() if isinstance(v, (int, float))))
+        for i, (other, theirs) in enumerate(out):
+            if same and same == tuple(
+                sorted((n, f"{v:.3g}") for n, (v, _) in theirs.items() if isinstance(v, (int, float)))
+            ):
+                merged = f"{other}, {label}"
+                colours.setdefault(merged, colours[other])
+                out[i] = (merged, theirs)
+                break
+        else:
+            out.append((label, ours))
+    return out
 
 
 def suspect_notes(secs) -> list[str]:
     """A line for each suspect row of `secs` (suite/records/trust.py): not drawn, and why, with its section."""
-    import textwrap
-
     return [
         textwrap.fill(
             f"not drawn: {short(title)} {cell.row.name} is suspect, and every ratio to it: {rec['suspect']}", 90
