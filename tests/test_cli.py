@@ -1,6 +1,7 @@
 """Command line: listing, and clear errors for bad experiments, profiles, rows and --set keys."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -171,3 +172,38 @@ def test_check_lists_the_tensors_past_the_bound_and_every_one_only_when_asked():
     assert "update err  weight err  tensor" in shown and "b.bias" in shown
     assert "a.weight" not in shown and "k.bias" not in shown  # within the bound; not gated
     assert all(name in failed.report(verbose=True) for name in errors)
+
+
+def test_the_list_is_kept_by_the_code_it_was_made_from_and_read_without_torch(tmp_path):
+    """`suite list` makes its list once (every method and experiment imported: seconds) and keeps it under the results
+    folder keyed by the tree's sources; the next process reads it without importing torch. Options read one way."""
+    from suite.commands import listing
+
+    env = {**os.environ, "SUITE_RESULTS_DIR": str(tmp_path)}
+    env.pop("SUITE_PLUGINS", None)
+    first = subprocess.run([sys.executable, "-m", "suite", "list"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    kept = list((tmp_path / ".cache" / "list").glob("*.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == first.stdout == listing.make()
+    probe = "import sys; from suite.commands.cli import main; main(['list']); print('torch' in sys.modules)"
+    second = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert second.stdout == first.stdout + "False\n", second.stderr
+    options = [x.split("options: ")[1] for x in first.stdout.splitlines() if "options: " in x]
+    pattern = re.compile(r"^[a-z_]+=[\w.]+( \([\w.]+(\|[\w.]+)+\))?$")
+    assert options and all(pattern.match(o) for line in options for o in line.split(", ")), options
+    assert "recompute=on (off|on)" in first.stdout and "recompute=True" not in first.stdout  # a switch as one word
+    columns = {len(x) - len(x.lstrip()) for x in first.stdout.splitlines() if "options: " in x}
+    assert len(columns) == 1  # every options line starts where the descriptions do
+
+
+def test_the_kept_list_follows_the_code(tmp_path, monkeypatch):
+    from suite.commands import listing
+
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(listing.paths, "ROOT", str(tmp_path))
+    before = listing.digest()
+    (tmp_path / "suite" / "a.py").write_text("x = 2\n")
+    assert listing.digest() != before
+    monkeypatch.setenv("SUITE_PLUGINS", "my_methods")  # code outside the tree: made each time, never kept
+    assert listing.digest() is None

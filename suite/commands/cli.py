@@ -14,29 +14,9 @@ from suite.core import interrupts
 
 
 def _list(args) -> int:
-    from suite.core import registry
-    from suite.core.experiment import all_experiments
+    from suite.commands.listing import listing
 
-    print("methods:")
-    for name in registry.names():
-        cls = registry.get(name)
-        opts = ", ".join(
-            f"{k}={o.default} {list(o.choices) if o.choices else ''}".strip() for k, o in cls.options.items()
-        )
-        lines = (cls.__doc__ or "").strip().splitlines()
-        doc = lines[0] if lines else f"(no description: {cls.__name__} has no docstring; its first line is this one)"
-        doc = f"[peer: {cls.peer}] {doc}" if cls.peer else doc
-        print(f"  {name:22s} precisions {','.join(cls.precisions):12s} {doc}" + (f"  options: {opts}" if opts else ""))
-    print("experiments:")
-    experiments = sorted(all_experiments().items())
-    width = max(len(name) for name, _ in experiments)
-    for name, exp in experiments:
-        print(f"  {name:{width}s} {exp.title}")
-    print("profiles:")
-    print(
-        "  tiny   CPU-sized models, minutes (CI)\n  small  a quick GPU run\n"
-        "  paper  the paper's model sizes (needs a GPU)\n  auto   paper on CUDA, tiny on CPU"
-    )
+    sys.stdout.write(listing())
     return 0
 
 
