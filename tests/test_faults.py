@@ -321,8 +321,9 @@ def test_a_stale_lock_in_a_peers_op_build_folder_does_not_hold_its_cells(tmp_pat
     every later DeepSpeed cell waited on it until its timeout (`peer-zero-offload-u1 ... timeout in 600.1s`)."""
     from torch.utils import cpp_extension
 
-    from suite.harness.builds import build_lock
+    from suite.harness.builds import build_lock, prepare_environment
 
+    prepare_environment()  # the build folder the cell's build will use (its environment's own)
     folder = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", False))
     with build_lock(folder):  # as a build would, held until it is killed: no other build is running meanwhile
         (folder / "lock").write_text("")  # what a killed build leaves behind
@@ -348,7 +349,10 @@ def test_wandb_writes_under_the_results_folder_and_nowhere_else(tmp_path, monkey
         d.mkdir()
     from torch.utils import cpp_extension
 
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", cpp_extension.get_default_build_root())  # (the home below is empty)
+    from suite.harness.builds import build_root
+
+    # the builds the set-up made (the home below is empty)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", build_root() or cpp_extension.get_default_build_root())
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.chdir(cwd)

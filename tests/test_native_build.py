@@ -104,3 +104,19 @@ def test_each_torch_installation_builds_in_a_folder_of_its_own(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     assert fused_lamb.extension_name(digest) != here
+
+
+def test_every_build_runs_with_the_environments_ninja_in_its_own_folder(monkeypatch):
+    """A build by the system's ninja (1.11) and the next by pip's (1.13) read each other's log as of another version and
+    built every op again; two checkouts sharing ~/.cache's folder rebuilt DeepSpeed's ops back and forth. Every
+    build of the suite's prepares one environment: the interpreter's own bin first on PATH, and a virtual
+    environment's own folder unless TORCH_EXTENSIONS_DIR names one."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    builds.prepare_environment()
+    assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    in_venv = sys.prefix != sys.base_prefix
+    assert os.environ.get("TORCH_EXTENSIONS_DIR") == (os.path.join(sys.prefix, "torch-extensions") if in_venv else None)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/elsewhere")  # a folder named by the user is kept
+    builds.prepare_environment()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == "/elsewhere" == builds.build_root()

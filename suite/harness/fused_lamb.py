@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from suite.harness.builds import build_lock
+from suite.harness.builds import build_lock, prepare_environment
 from suite.harness.processes import session_ticks
 
 SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
@@ -144,10 +144,7 @@ def compiled():
         warnings.warn(f"SUITE_FUSED_LAMB={mode!r} is not one of 0, 1, require; taken as 1", stacklevel=2)
     if mode == "0":
         return None
-    # ninja may come from pip (the project's dependencies) into a venv that was not activated: put its bin on PATH.
-    bin_dir = os.path.dirname(sys.executable)
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    prepare_environment()  # ninja from pip (the project's), and the environment's own build folder
     try:
         from torch.utils import cpp_extension
 
