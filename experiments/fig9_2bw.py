@@ -77,14 +77,16 @@ def _profile_row(d: int, w: int, cap: str = TINY_CAP) -> pf.ProjectedRow:
 
 
 def predicted_max(profile: str, d: int, w: int) -> int:
-    """The profile row's prediction, computed here too so the verifying runs know their block counts."""
+    """The profile row's prediction, computed here too so the verifying runs know their block counts: from the
+    profile's bytes alone (a search of what fits reads no time), so that expanding the rows (a render, the README's
+    claims, a test) measures no time: it took 5 minutes of both cores in a fresh clone's first test run."""
     from methods.pipeline.planner.projection import project
 
     row = _profile_row(d, w, CAPS[profile])
     cls = registry.get(row.method)
     run = apply_overrides(RunConfig(method=row.method), {**pf.base(profile), **row.overrides}, cls.options)
     run = dataclasses.replace(run, options={**run.options, "projection": row.projection}).validate()
-    return project(run)["max_layers"]
+    return project(run, timed=False)["max_layers"]
 
 
 def rows(profile: str):

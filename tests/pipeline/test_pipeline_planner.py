@@ -102,6 +102,26 @@ def test_measured_profile_has_every_layer():
     assert prof.optimizer_s_per_param > 0
     again = Profile.from_dict(prof.to_dict())
     assert again == prof
+    # Its bytes alone (an experiment's rows search what fits): the same bytes, no time measured
+    bytes_only = profiling.measure_profile(run, micro_batch_sizes=(1, 2), repeats=1, threads=1, timed=False)
+    fields = ("params", "keep_bytes", "out_bytes", "work_bytes")
+    assert [[getattr(c, f) for f in fields] for c in bytes_only.layers] == [
+        [getattr(c, f) for f in fields] for c in prof.layers
+    ]
+    assert bytes_only.optimizer_temp_bytes_per_param == prof.optimizer_temp_bytes_per_param
+    assert all(c.fwd(2) == c.bwd(2) == 0 for c in bytes_only.layers) and bytes_only.optimizer_s_per_param == 0
+
+
+def test_the_2bw_figure_9_rows_measure_no_time(tmp_path, monkeypatch):
+    """Expanding 2bw-fig9's rows (every render, the README's claims) measured a timed profile where none was cached:
+    5 minutes of both cores in a fresh clone's first test run. Its block counts need bytes alone."""
+    from experiments import fig9_2bw
+    from suite.config import paths
+
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path)  # nothing cached
+    monkeypatch.setattr(profiling, "_median_time", lambda *a, **k: pytest.fail("a row measured time"))
+    names = [r.name for r in fig9_2bw.rows("tiny")]
+    assert any(n.startswith("measured-d") for n in names) and not any(r.skip for r in fig9_2bw.rows("tiny"))
 
 
 def test_a_cached_profile_reads_back_as_written():

@@ -88,7 +88,8 @@ class LayerSample(NamedTuple):
 
 def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("cpu")) -> list[LayerSample]:
     """Per layer: median forward and backward seconds, kept/output/transient bytes (live-bytes tracker on
-    CPU, the allocator's counters on CUDA)."""
+    CPU, the allocator's counters on CUDA). With no `repeats`, bytes alone (the times 0): what a memory search
+    needs, in a pass a layer instead of 2 x repeats (run after a timed warm-up, so the gradients exist)."""
     n = model.num_layers
     samples = []
     # Inputs of every layer, from a no-grad pass: each layer is then timed on its own graph.
@@ -105,14 +106,18 @@ def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("c
         def forward():
             return model.forward_layer(i, inp(), ctx)
 
-        fwd = _median_time(forward, repeats, device)
         grad_out = None if i == n - 1 else torch.ones_like(xs[i + 1])
 
         def both():
             y = forward()
             torch.autograd.backward(y, grad_out)
 
-        bwd = max(_median_time(both, repeats, device) - fwd, 0.0)
+        if repeats:
+            fwd = _median_time(forward, repeats, device)
+            bwd = max(_median_time(both, repeats, device) - fwd, 0.0)
+        else:  # each pass once, untimed: the state the tracked pass below finds is a timed profile's
+            forward(), both()
+            fwd = bwd = 0.0
         model.zero_grad(set_to_none=False)  # gradients exist: the tracked pass books activations only
         x_in = inp()
         with _bytes_tracker(device) as tr:
@@ -155,8 +160,11 @@ def measure_profile(
     repeats: int = 5,
     threads: int | None = None,
     device: torch.device | None = None,
+    timed: bool = True,
 ) -> Profile:
-    """Time and track every layer of `run`'s model on `device` (default CPU) at each micro-batch size; fit lines."""
+    """Time and track every layer of `run`'s model on `device` (default CPU) at each micro-batch size; fit lines.
+    Without `timed`, its bytes alone (every time 0): the same bytes as a timed profile's, in seconds instead of
+    minutes, for what asks only how much fits (an experiment's rows, never a timed figure)."""
     from suite.harness.data import synthetic_batch
     from suite.harness.model import build_model
     from suite.harness.optim import LayerwiseOptimizer
@@ -170,8 +178,8 @@ def measure_profile(
     for b in micro_batch_sizes:
         mb = synthetic_batch(0, b, run.seq_len, run.model.vocab_size, run.model.num_labels, run.seed).to(device)
         ctx = model.begin(mb, run.seed, 0, b)
-        _layer_pass(model, ctx, 1, device)  # warm-up: first calls pay for allocations and kernel selection
-        per_b[b] = _layer_pass(model, ctx, repeats, device)
+        _layer_pass(model, ctx, 1 if timed else 0, device)  # warm-up: first calls pay for allocations, kernel choice
+        per_b[b] = _layer_pass(model, ctx, repeats if timed else 0, device)
     layers = []
     for i in range(model.num_layers):
         params = sum(p.numel() for _, p in model.layer_named_parameters(i))
@@ -183,13 +191,15 @@ def measure_profile(
     named = [model.layer_named_parameters(i) for i in range(model.num_layers)]
     opt = LayerwiseOptimizer(named, run)
     total = sum(p.numel() for p in model.parameters())
-    opt_s = _median_time(lambda: [opt.step_layer(j, 0) for j in range(len(named))], repeats, device) / total
+    steps = lambda: [opt.step_layer(j, 0) for j in range(len(named))]  # noqa: E731
+    # (untimed, one step all the same: it makes the state the tracked step below finds, as the timed ones do)
+    opt_s = _median_time(steps, repeats, device) / total if timed else (steps(), 0.0)[1]
     big = max(range(len(named)), key=lambda j: sum(p.numel() for _, p in named[j]))
     with _bytes_tracker(device) as tr:
         opt.step_layer(big, 1)
     temp = tr.peak / sum(p.numel() for _, p in named[big])
     where = device_info(device).get("device", device.type) if device.type == "cuda" else "cpu"
-    source = f"measured: {where}, {torch.get_num_threads()} thread(s)"
+    source = f"measured: {where}, {torch.get_num_threads()} thread(s)" + ("" if timed else ", bytes only")
     # NCCL sends are waited at once; gloo's are held to the step's end (see Profile.holds_sends).
     return Profile(
         source,
@@ -224,9 +234,11 @@ def cached_profile(
     threads: int | None = None,
     refresh: bool = False,
     device: torch.device | None = None,
+    timed: bool = True,
 ) -> Profile:
     """measure_profile, cached per model, machine and device as JSON under `cache_dir` (seconds to minutes)."""
-    key = profile_key(run, micro_batch_sizes, threads, device if device is not None and device.type == "cuda" else None)
+    cuda = device if device is not None and device.type == "cuda" else None
+    key = profile_key(run, micro_batch_sizes, threads, cuda) + ("" if timed else "-bytes")
     path = Path(cache_dir) / f"{key}.json"
     stored = None if refresh else read_object(path)
     if stored is not None:
@@ -234,6 +246,6 @@ def cached_profile(
             return Profile.from_dict(stored)
         except (KeyError, TypeError, ValueError):  # another shape: measured again, below
             pass
-    prof = measure_profile(run, tuple(micro_batch_sizes), threads=threads, device=device)
+    prof = measure_profile(run, tuple(micro_batch_sizes), threads=threads, device=device, timed=timed)
     write_atomic(path, json.dumps(prof.to_dict(), indent=1))  # whole or not at all: a killed run leaves none
     return prof

@@ -113,7 +113,7 @@ def _metrics(p, prof: Profile) -> dict:
     }
 
 
-def project(run, cap: int | None = None) -> dict:
+def project(run, cap: int | None = None, timed: bool = True) -> dict:
     """The planner's metrics for the configuration a projected cell carries in run.options["projection"]:
 
     - spec: a DEVICE_SPECS name (analytic GPT profile from the run's model dims) or "measured" (this
@@ -136,7 +136,8 @@ def project(run, cap: int | None = None) -> dict:
     name = spec_p.get("spec", "v100")
     if name == "measured":
         base = dataclasses.replace(run, model=dataclasses.replace(run.model, layers=spec_p.get("profiled_layers", 4)))
-        measured = cached_profile(base, Path(RESULTS_DIR) / ".cache" / "profiles", threads=1)
+        # untimed: its bytes alone, for a memory search whose times no one reads (fig9_2bw.predicted_max)
+        measured = cached_profile(base, Path(RESULTS_DIR) / ".cache" / "profiles", threads=1, timed=timed)
         make = lambda n: extended_profile(measured, n)  # noqa: E731
         cap = cap if cap is not None else (parse_size(run.device_memory) if run.device_memory else None)
     elif name in DEVICE_SPECS:
