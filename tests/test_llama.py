@@ -1,6 +1,7 @@
 """The Llama family: the layered view is Hugging Face's LlamaForCausalLM (rotary positions, grouped-query
 attention, causal and padding mask), and every method and peer computes what grad_accum computes on it."""
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -72,6 +73,30 @@ def test_the_layered_view_is_hugging_faces_model():
     real = mb.attention_mask.bool()
     assert torch.equal(ctx.logits[real], plain[real])
     assert model.hf.config.num_key_value_heads < model.hf.config.num_attention_heads
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])  # grouped (2 for 4 query heads), and one each
+def test_an_unpadded_batch_stays_causal_under_attention_dropout(kv_heads):
+    """A batch with nothing padded has no mask (LlamaFamily.mask): in training with attention dropout (the keyed,
+    materialised path here: FP32 on a CPU, grouped K/V repeated there) no position may see a later token. Changing
+    only the last token leaves every earlier position's logits as they were (they moved by 0.21 when causality was
+    lost), and the run is the layered view's own, not a stock model's."""
+    run = RunConfig(
+        device="cpu", model=ModelConfig(preset="llama-tiny", kv_heads=kv_heads, attention_dropout=0.2), seq_len=16,
+        micro_batch_size=2, num_micro_batches=1,
+    )  # fmt: skip
+    model = build_model(run.model, run.seed).train()
+    mb = dataclasses.replace(next(synthetic_batches(run, padded=False)).split(1)[0], attention_mask=None)
+    assert model.family.mask(mb) is None  # nothing padded: no mask, as a loader without one gives it
+    logits = []
+    for last in (1, 2):
+        mb.input_ids[:, -1] = last
+        ctx = model.begin(mb, run.seed, 0, mb.size)
+        with torch.no_grad():
+            model.forward_micro_batch(ctx)
+        logits.append(ctx.logits)
+    assert torch.equal(logits[0][:, :-1], logits[1][:, :-1])
+    assert not torch.equal(logits[0][:, -1], logits[1][:, -1])
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,14 @@ def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dr
     if dropout == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    # A decoder's batch with nothing padded comes without a mask (LlamaFamily.mask): its attention is causal all the
+    # same, as SDPA's is_causal makes it without dropout.
+    causal = attention_mask is None and bool(getattr(module, "is_causal", False))
+    if key.shape[1] != query.shape[1] and (key.shape[1] == 0 or query.shape[1] % key.shape[1]):
+        raise ValueError(
+            f"attention: {key.shape[1]} key/value heads do not divide {query.shape[1]} query heads "
+            f"(query {tuple(query.shape)}, key {tuple(key.shape)})"
+        )
     if rng.path_for(query.device) == "hash_triton" and fused_attention_takes(query.dtype):
         from suite.harness.kernels import attention  # imports triton: only where the kernel runs
 
@@ -40,9 +48,16 @@ def _keyed_attention(module, query, key, value, attention_mask, scaling=None, dr
         draw = rng.hash_key(dropout, dtype)
         rng.note("hash_triton")
         rng.note("attention_triton", attention.tiles_note())
-        out = attention.keyed_attention(query, key.to(dtype), value.to(dtype), attention_mask, scaling, dropout, draw)
+        out = attention.keyed_attention(
+            query, key.to(dtype), value.to(dtype), attention_mask, scaling, dropout, draw, causal
+        )  # grouped key/value heads read in place
         return out, None
+    group = query.shape[1] // key.shape[1]  # grouped-query attention: each key/value head serves `group` query heads
+    key, value = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (key, value))
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if causal:
+        sq, sk = scores.shape[-2:]
+        attention_mask = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).tril(sk - sq)
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
