@@ -38,8 +38,10 @@ def test_the_documented_method_lists_with_its_description(example, capsys):
     from suite.commands.cli import main
 
     assert main(["list"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("my-method"))
-    assert "runs a minibatch's micro-batches last to first" in line and "order=reverse" in line
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.strip().startswith("my-method"))
+    assert "runs a minibatch's micro-batches last to first" in lines[at]
+    assert "options: order=reverse (reverse|forward)" in lines[at + 1]  # its options on the line below
 
 
 @pytest.mark.parametrize("order", ["reverse", "forward"])
