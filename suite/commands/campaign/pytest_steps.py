@@ -35,6 +35,14 @@ MIN_S = 30.0  # the least a pytest step is given, whatever its budget
 INTERRUPT_GRACE_S = 15.0  # kept inside the budget: the SIGINT comes that long before it, for pytest to report
 
 
+def _interruptible() -> None:
+    """In the child before it starts: SIGINT back to its default. A command started in the background without job
+    control (`cmd &`, nohup, a remote runner) has SIGINT ignored, the child inherits that through exec, and Python
+    then leaves it ignored: pytest never saw the interrupt, was killed after the grace and wrote no report (every
+    full test run started so failed its step test)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_pytest(
     files: tuple[str, ...], marker: str, report: Path, extra: list[str], budget: float, env: dict | None = None
 ) -> dict:
@@ -54,6 +62,7 @@ def run_pytest(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_interruptible,
     )  # fmt: skip (a session of its own: the processes its tests start end with it)
     try:
         out, code = proc.communicate(timeout=max(budget - INTERRUPT_GRACE_S, MIN_S))[0], proc.returncode
