@@ -115,8 +115,8 @@ def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("c
         if repeats:
             fwd = _median_time(forward, repeats, device)
             bwd = max(_median_time(both, repeats, device) - fwd, 0.0)
-        else:  # each pass once, untimed: the state the tracked pass below finds is a timed profile's
-            forward(), both()
+        else:  # one pass, untimed: the gradients exist, as the tracked pass below finds them in a timed profile
+            both()
             fwd = bwd = 0.0
         model.zero_grad(set_to_none=False)  # gradients exist: the tracked pass books activations only
         x_in = inp()
@@ -178,7 +178,8 @@ def measure_profile(
     for b in micro_batch_sizes:
         mb = synthetic_batch(0, b, run.seq_len, run.model.vocab_size, run.model.num_labels, run.seed).to(device)
         ctx = model.begin(mb, run.seed, 0, b)
-        _layer_pass(model, ctx, 1 if timed else 0, device)  # warm-up: first calls pay for allocations, kernel choice
+        if timed:
+            _layer_pass(model, ctx, 1, device)  # warm-up: first calls pay for allocations and kernel selection
         per_b[b] = _layer_pass(model, ctx, repeats if timed else 0, device)
     layers = []
     for i in range(model.num_layers):
