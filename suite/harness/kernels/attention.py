@@ -6,7 +6,7 @@ dropout's bits are those of rng.keyed_dropout over the (B, H, Sq, Sk) probabilit
 is numbered (h * Sq + i) * Sk + j and keyed by (site, offset + b), so a fused row draws what the materialised
 attention drew. The backward regenerates the same bits from the same numbers (FlashAttention-2's two passes: keys
 and values, then queries), after a third that takes delta = rowsum(P * dP) in FP32 from the same tiles (not
-rowsum(dO * O) over the 16-bit O: _row_delta says why). Saved for the backward: q, k, v and two FP32 numbers per
+rowsum(dO * O) over the 16-bit O: _backward_q says why). Saved for the backward: q, k, v and two FP32 numbers per
 query row (the row's maximum score and its sum). Grouped-query attention (Llama's 8 key/value heads for 32 query
 heads) reads each group's key and value head in place, never a repeated copy; its dK and dV sum the group in one
 program. Every base address is 64-bit (_at).
@@ -197,8 +197,13 @@ def _backward_q(Q, K, V, DO, DQ, ROWMAX, ROWSUM, DELTA, MASK,
                 smb, smh, smm, smn,
                 H, GROUP, SQ, SK, D, qk_scale, sm_scale, k0, k1, offset, threshold, dscale,
                 HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                DELTA_PASS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """dQ of one tile of queries, walking every key tile. DQ shares Q's strides."""
+    """dQ of one tile of queries, walking every key tile (DQ shares Q's strides). With DELTA_PASS, the backward's
+    first pass instead: delta = rowsum(P * dP) in FP32, from the same probabilities and dP as the gradient passes, so
+    that a row's score gradient P (dP - delta) sums to zero as the materialised softmax's does. (rowsum(dO * O) is
+    the same sum, but over O rounded to 16 bits: a padded sample that keeps one key then got dK 10x further from its
+    FP32 value than the materialised attention's.)"""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -212,7 +217,10 @@ def _backward_q(Q, K, V, DO, DQ, ROWMAX, ROWSUM, DELTA, MASK,
     q = tl.load(Q + q_ptrs, mask=in_m[:, None] & in_d[None, :], other=0.0)
     do = tl.load(DO + _at(b, h, sob, soh) + offs_m[:, None] * som + offs_d[None, :] * sod,
                  mask=in_m[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-    delta = tl.load(DELTA + bh.to(tl.int64) * SQ + offs_m, mask=in_m, other=0.0)
+    if DELTA_PASS:
+        delta = tl.zeros([BLOCK_M], dtype=tl.float32)
+    else:
+        delta = tl.load(DELTA + bh.to(tl.int64) * SQ + offs_m, mask=in_m, other=0.0)
     k_base = K + _at(b, h // GROUP, skb, skh)
     v_base = V + _at(b, h // GROUP, svb, svh)
     mask_ptr = MASK + _at(b, h, smb, smh)
@@ -233,57 +241,15 @@ def _backward_q(Q, K, V, DO, DQ, ROWMAX, ROWSUM, DELTA, MASK,
         if DROPOUT:
             keep = _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold)
             dp = tl.where(keep, dp * dscale, 0.0)
-        ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
-        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
-    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=in_m[:, None] & in_d[None, :])
-
-
-@triton.jit(do_not_specialize=KEY_ARGS)
-def _row_delta(Q, K, V, DO, ROWMAX, ROWSUM, DELTA, MASK,
-               sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
-               smb, smh, smm, smn,
-               H, GROUP, SQ, SK, D, qk_scale, sm_scale, k0, k1, offset, threshold, dscale,
-               HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """delta = rowsum(P * dP) in FP32, one tile of query rows, walking every key tile: the same probabilities and
-    dP the gradient kernels compute, so that a row's score gradient P (dP - delta) sums to zero as the materialised
-    softmax's does. (rowsum(dO * O) is the same sum, but over O rounded to 16 bits: a padded sample that keeps one key
-    then got dK 10x further from its FP32 value than the materialised attention's.)"""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n0 = tl.arange(0, BLOCK_N)
-    in_d = offs_d < D
-    in_m = offs_m < SQ
-    q = tl.load(Q + _at(b, h, sqb, sqh) + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=in_m[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-    do = tl.load(DO + _at(b, h, sob, soh) + offs_m[:, None] * som + offs_d[None, :] * sod,
-                 mask=in_m[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-    k_base = K + _at(b, h // GROUP, skb, skh)
-    v_base = V + _at(b, h // GROUP, svb, svh)
-    mask_ptr = MASK + _at(b, h, smb, smh)
-    sw = sample_word((b + offset).to(tl.uint32), k0)
-    delta = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start in range(0, SK, BLOCK_N):
-        offs_n = start + offs_n0
-        in_n = offs_n < SK
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=in_n[None, :] & in_d[:, None],
-                     other=0.0)  # fmt: skip
-        vt = tl.load(v_base + offs_n[None, :] * svn + offs_d[:, None] * svd, mask=in_n[None, :] & in_d[:, None],
-                     other=0.0)  # fmt: skip
-        s, attend = _scores(
-            q, kt, mask_ptr, offs_m, offs_n, SQ, SK, smh, smm, smn, qk_scale, HAS_MASK, CAUSAL, PRECISION
-        )
-        p = _probs(s, attend, ROWMAX, ROWSUM, bh, offs_m, SQ)
-        dp = tl.dot(do, vt, input_precision=PRECISION)
-        if DROPOUT:
-            keep = _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold)
-            dp = tl.where(keep, dp * dscale, 0.0)
-        delta += tl.sum(tl.where(attend, p * dp, 0.0), 1)
-    tl.store(DELTA + bh.to(tl.int64) * SQ + offs_m, delta, mask=in_m)
+        if DELTA_PASS:
+            delta += tl.sum(tl.where(attend, p * dp, 0.0), 1)
+        else:
+            ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
+            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
+    if DELTA_PASS:
+        tl.store(DELTA + bh.to(tl.int64) * SQ + offs_m, delta, mask=in_m)
+    else:
+        tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=in_m[:, None] & in_d[None, :])
 
 
 def _configs(pairs) -> list:
@@ -302,7 +268,8 @@ TUNE_KEY = ["SQ", "SK", "D", "HAS_MASK", "DROPOUT"]
 if TUNED:
     _forward = triton.autotune(_configs(FORWARD_TILES), TUNE_KEY, cache_results=True)(_forward)
     _backward_kv = triton.autotune(_configs(KV_TILES), TUNE_KEY, cache_results=True)(_backward_kv)
-    _backward_q = triton.autotune(_configs(Q_TILES), TUNE_KEY, cache_results=True)(_backward_q)
+    # (its delta pass and its dQ pass tuned apart: they do different work on the same tiles)
+    _backward_q = triton.autotune(_configs(Q_TILES), [*TUNE_KEY, "DELTA_PASS"], cache_results=True)(_backward_q)
 
 
 def tiles_note() -> str:
@@ -417,15 +384,16 @@ def _backward_launch(q, k, v, do, row_max, row_sum, launch: _Launch):
         torch.empty_like(row_max)  # delta's bytes
         return dq, dk, dv
     B, H, SQ, D = q.shape
-    delta = torch.empty_like(row_max)  # (B, H, SQ): rowsum(P * dP) in FP32 (_row_delta)
+    delta = torch.empty_like(row_max)  # (B, H, SQ): rowsum(P * dP) in FP32 (_backward_q's DELTA_PASS)
     common = (
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *launch.mask_strides,
         *launch.scalars(backward=True),
     )  # fmt: skip
     grid, tiles = _grid(SQ, "BLOCK_M", B * H, Q_TILES)
     _run(
-        "keyed_attention_backward_delta", _row_delta, grid,
-        q, k, v, do, row_max, row_sum, delta, launch.mask_arg(q), *common, **launch.constants(), **tiles,
+        "keyed_attention_backward_delta", _backward_q, grid,
+        q, k, v, do, dq, row_max, row_sum, delta, launch.mask_arg(q), *common, **launch.constants(), **tiles,
+        DELTA_PASS=True,
     )  # fmt: skip
     grid, tiles = _grid(launch.SK, "BLOCK_N", B * launch.HK, KV_TILES)  # a program per key tile of a k/v head
     _run(
@@ -436,6 +404,7 @@ def _backward_launch(q, k, v, do, row_max, row_sum, launch: _Launch):
     _run(
         "keyed_attention_backward_q", _backward_q, grid,
         q, k, v, do, dq, row_max, row_sum, delta, launch.mask_arg(q), *common, **launch.constants(), **tiles,
+        DELTA_PASS=False,
     )  # fmt: skip
     return dq, dk, dv
 
