@@ -54,15 +54,6 @@ def _label(x: Any) -> str:
 SIZE_UNITS = {"TB": 1e3, "GB": 1.0, "MB": 1e-3, "KB": 1e-6}
 
 
-def human_bytes(gb: float) -> str:
-    """A size given in GB in the unit that reads well at its scale: GB, MB below 1 GB, KB at tiny shapes."""
-    b = gb * 1e9
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
 def size_unit(values: list[Any]) -> str:
     """The one unit of a column pair of sizes in GB (ours and the paper's): the largest in which the largest is 1 or
     more, so that no value needs an exponent and both columns read in the same unit."""
