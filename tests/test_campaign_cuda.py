@@ -85,7 +85,9 @@ def test_the_worker_measures_what_fresh_processes_measure_on_cuda(tmp_path, monk
     from suite.core.worker_client import close_shared_worker
 
     monkeypatch.setenv("SUITE_MACHINE", "cuda-isolation")
-    shape = {"model.layers": 4, "model.heads": 4, "seq_len": 128, "micro_batch_size": 16, "warmup": 2, "steps": 5}
+    # 20 timed steps a round: at 5 the H200's rounds of one cell in one worker differed by 10% (launch-bound tiny
+    # steps of a few ms), which would fail a 5% bound by chance (2026-11-27, c9bdb98).
+    shape = {"model.layers": 4, "model.heads": 4, "seq_len": 128, "micro_batch_size": 16, "warmup": 3, "steps": 20}
     wide = {"model.hidden": 512, "model.intermediate": 2048}
     narrow = {"model.hidden": 256, "model.intermediate": 1024}
     rows = [
