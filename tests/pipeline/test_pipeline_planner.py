@@ -102,8 +102,9 @@ def test_measured_profile_has_every_layer():
     assert prof.optimizer_s_per_param > 0
     again = Profile.from_dict(prof.to_dict())
     assert again == prof
-    # Its bytes alone (an experiment's rows search what fits): the same bytes, no time measured
+    # Its bytes alone (an experiment's rows search what fits), counted on fake tensors: the real pass's bytes
     bytes_only = profiling.measure_profile(run, micro_batch_sizes=(1, 2), repeats=1, threads=1, timed=False)
+    assert bytes_only.source.startswith("counted")
     fields = ("params", "keep_bytes", "out_bytes", "work_bytes")
     assert [[getattr(c, f) for f in fields] for c in bytes_only.layers] == [
         [getattr(c, f) for f in fields] for c in prof.layers

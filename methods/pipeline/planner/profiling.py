@@ -1,4 +1,5 @@
-"""Per-layer profiles measured on this machine (time, and bytes from a live-bytes tracker), cached as JSON."""
+"""Per-layer profiles measured on this machine (time, and bytes from a live-bytes tracker; bytes alone counted on fake
+tensors), cached as JSON."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import json
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from methods.pipeline.planner.costs import LayerCost, Line, Profile
 from suite.config.files import read_object, write_atomic
@@ -89,7 +92,7 @@ class LayerSample(NamedTuple):
 def _layer_pass(model, ctx, repeats: int, device: torch.device = torch.device("cpu")) -> list[LayerSample]:
     """Per layer: median forward and backward seconds, kept/output/transient bytes (live-bytes tracker on
     CPU, the allocator's counters on CUDA). With no `repeats`, bytes alone (the times 0): what a memory search
-    needs, in a pass a layer instead of 2 x repeats (run after a timed warm-up, so the gradients exist)."""
+    needs, with one untimed pass a layer before the tracked one (so the gradients exist, as after timed ones)."""
     n = model.num_layers
     samples = []
     # Inputs of every layer, from a no-grad pass: each layer is then timed on its own graph.
@@ -163,17 +166,26 @@ def measure_profile(
     timed: bool = True,
 ) -> Profile:
     """Time and track every layer of `run`'s model on `device` (default CPU) at each micro-batch size; fit lines.
-    Without `timed`, its bytes alone (every time 0): the same bytes as a timed profile's, in seconds instead of
-    minutes, for what asks only how much fits (an experiment's rows, never a timed figure)."""
+    Without `timed`, its bytes alone (every time 0; on the CPU counted on fake tensors): the same bytes as a timed
+    profile's, in seconds at any size, for what asks only how much fits (an experiment's rows, never a timed figure)."""
+    device = torch.device("cpu") if device is None else device
+    if threads:
+        torch.set_num_threads(threads)
+    # Bytes alone on the CPU are counted on fake tensors: the same storages come and go as in a real pass (the
+    # live-bytes tracker follows storages, not data), and no arithmetic runs, so a paper-size model takes seconds.
+    fake = FakeTensorMode(allow_non_fake_inputs=True) if not timed and device.type == "cpu" else nullcontext()
+    with fake:
+        return _measure(run, micro_batch_sizes, repeats, device, timed)
+
+
+def _measure(run, micro_batch_sizes: tuple[int, ...], repeats: int, device: torch.device, timed: bool) -> Profile:
     from suite.harness.data import synthetic_batch
     from suite.harness.model import build_model
     from suite.harness.optim import LayerwiseOptimizer
     from suite.measure.provenance import device_info
 
-    device = torch.device("cpu") if device is None else device
-    if threads:
-        torch.set_num_threads(threads)
-    model = build_model(run.model, run.seed).to(device)
+    model = build_model(run.model, run.seed)
+    model = model if device.type == "cpu" else model.to(device)  # (fake parameters cannot be swapped in place)
     per_b = {}
     for b in micro_batch_sizes:
         mb = synthetic_batch(0, b, run.seq_len, run.model.vocab_size, run.model.num_labels, run.seed).to(device)
@@ -190,7 +202,7 @@ def measure_profile(
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     named = [model.layer_named_parameters(i) for i in range(model.num_layers)]
-    opt = LayerwiseOptimizer(named, run)
+    opt = LayerwiseOptimizer(named, run, host=device.type == "cpu")  # (a fake CPU step too: the host's kernels)
     total = sum(p.numel() for p in model.parameters())
     steps = lambda: [opt.step_layer(j, 0) for j in range(len(named))]  # noqa: E731
     # (untimed, one step all the same: it makes the state the tracked step below finds, as the timed ones do)
@@ -200,7 +212,7 @@ def measure_profile(
         opt.step_layer(big, 1)
     temp = tr.peak / sum(p.numel() for _, p in named[big])
     where = device_info(device).get("device", device.type) if device.type == "cuda" else "cpu"
-    source = f"measured: {where}, {torch.get_num_threads()} thread(s)" + ("" if timed else ", bytes only")
+    source = f"measured: {where}, {torch.get_num_threads()} thread(s)" if timed else f"counted: {where}, bytes only"
     # NCCL sends are waited at once; gloo's are held to the step's end (see Profile.holds_sends).
     return Profile(
         source,
