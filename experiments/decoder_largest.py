@@ -143,8 +143,10 @@ EXPERIMENT = ProjectingExperiment(
     notes=(
         "Counted, not measured: each candidate depth is a full count of the method's step (device peak under the "
         "80 GB cap, host peak against the row's host). AG and AMP keep everything on the device, so the host does "
-        "not bound them; L2L keeps FP32 masters, gradients and AdamW's moments on the host (16 bytes a parameter, "
-        "20 under CMP with its 16-bit copies). One GPU: the pipelines need several. FSDP2's and ZeRO's offload "
-        "cannot be counted on fake tensors (FSDP2 counts without it on a CPU, ZeRO not at all), so they have no row."
+        "not bound them; L2L keeps FP32 masters and AdamW's moments on the host (12 bytes a parameter, 14 under "
+        "CMP with its 16-bit upload copy), its gradients applied as they land (overlap on, no gate: a ring of "
+        "three of the largest layer's, not one a parameter). One GPU: the pipelines need several. FSDP2's and "
+        "ZeRO's offload cannot be counted on fake tensors (FSDP2 counts without it on a CPU, ZeRO not at all), so "
+        "they have no row."
     ),
 )

@@ -7,10 +7,13 @@ from typing import Any
 
 from suite.core.experiment import Row
 
-# Host bytes per parameter of the eager param server (methods/l2l/param_server.py): FP32 master,
-# FP32 gradient and two FP32 optimizer moments (LAMB and AdamW alike); under CMP also the 16-bit
-# copy uploaded to the device and the 16-bit buffer its gradient lands in.
-HOST_BYTES_PER_PARAM = {"l2l": 4 + 4 + 8, "l2l-cmp": 4 + 4 + 8 + 2 + 2}
+# Host bytes per parameter of the eager param server (methods/l2l/param_server.py): the FP32 master and two FP32
+# optimizer moments (LAMB and AdamW alike); under CMP the 16-bit copy uploaded to the device. Where the host may
+# commit a layer only once every gradient is in (fp16's overflow gate, clipping's norm, overlap=off), each layer's
+# gradient is held where it landed, in the wire's dtype (CMP's 16-bit, FP32's the optimizer reads); applied as they
+# land (overlap=on, no gate), the gradients pass through a ring bounded by the largest layer, not by the model.
+HOST_BYTES_PER_PARAM = {"l2l": 4 + 8, "l2l-cmp": 4 + 8 + 2}
+HELD_GRADIENT_BYTES = {"l2l": 4, "l2l-cmp": 2}
 HOST_HEADROOM = 0.8  # of the machine's memory: the OS, Python and torch, the device-side slots on a CPU run
 
 
@@ -84,9 +87,10 @@ def bert_params(
     return embed + layers * block + head
 
 
-def l2l_host_bytes(params: int, method: str = "l2l-cmp") -> int:
-    """Host memory the eager param server holds for a model of `params` parameters."""
-    return params * HOST_BYTES_PER_PARAM[method]
+def l2l_host_bytes(params: int, method: str = "l2l-cmp", held: bool = True) -> int:
+    """Host memory the eager param server holds for a model of `params` parameters, its gradients `held` until a
+    gate opens (fp16, clipping or overlap=off) or applied as they land (the ring's few layers not included)."""
+    return params * (HOST_BYTES_PER_PARAM[method] + (HELD_GRADIENT_BYTES[method] if held else 0))
 
 
 def machine_host_bytes() -> int:

@@ -144,8 +144,9 @@ EXPERIMENT = Experiment(
     notes=(
         "`host need` is L2L-CMP's host memory with the stash on the host, at 78 layers and the paper's 8 x 16 "
         "samples of 1024 tokens, and at the shape run (to compare with the measured `host peak`, which adds the "
-        "process and the model's build): the param server's 20 bytes a parameter (FP32 master, FP32 gradient, "
-        "two FP32 LAMB moments, the 16-bit upload copy and the 16-bit gradient landing buffer) plus the stash, "
+        "process and the model's build): the param server's 16 bytes a parameter in fp16 (FP32 master, two FP32 "
+        "LAMB moments, the 16-bit upload copy, and the 16-bit gradient held where it landed until the step's "
+        "overflow check has seen every layer) plus the stash, "
         "one 16-bit block input per layer and sample. The paper's 17B model needs about "
         f"{host_need(HIDDEN) / 1e9:.0f} GB ({l2l_host_bytes(params_at(HIDDEN)) / 1e9:.0f} GB param server, "
         f"{stash_bytes(HIDDEN) / 1e9:.0f} GB stash), {host_need(HIDDEN) / 512e9:.0%} of its 512 GB host. "

@@ -54,6 +54,13 @@ class L2L(Method):
         "host_optim": Option(
             "fused", IMPLS, "the host update's kernels: fused (torch's fused AdamW, the suite's fused LAMB) or foreach"
         ),
+        "landing": Option(
+            "ring",
+            ("ring", "held"),
+            "where gradients wait for the host: ring (three layers' buffers, each gradient applied as it lands, where "
+            "overlap=on and no gate holds the step; else held) or held (a buffer a layer: the device may run ahead "
+            "of a slow host, for 2 or 4 more host bytes a parameter)",
+        ),
     }
 
     @classmethod
@@ -67,7 +74,9 @@ class L2L(Method):
         self.world = run.ranks
         self.dtype = DTYPES[run.precision]
         pin = device.type == "cuda"
-        self.server = HostParamServer(model, run, self.dtype, pin, impl=self.opts["host_optim"])
+        overlap = self.opts["overlap"] == "on"
+        ring = HostUpdater.ring(run, overlap) if self.opts["landing"] == "ring" else None
+        self.server = HostParamServer(model, run, self.dtype, pin, impl=self.opts["host_optim"], ring=ring)
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         # Every step is traced (marks cost microseconds): the spans of the last one, for timeline()
         self.trace = trace if trace is not None else []
@@ -76,7 +85,7 @@ class L2L(Method):
             self.server,
             self.scaler,
             run,
-            self.opts["overlap"] == "on",
+            overlap,
             invalidate=lambda layer: self.relay.invalidate(layer),
         )
         self.relay = DeviceRelay(
@@ -96,7 +105,7 @@ class L2L(Method):
 
     def _ship(self, layer: int, slot) -> None:
         self.relay.release(slot)
-        shipment = self.relay.ship(slot, self.server.landing[layer], self.group, layer)
+        shipment = self.relay.ship(slot, self.updater.landing(layer), self.group, layer)
         self.updater.layer_done(layer, shipment, self.step_count)
 
     def step(self, batch: MiniBatch) -> StepStats:
@@ -203,7 +212,7 @@ class L2L(Method):
         server, slots = self.server, self.relay.slots
         return {
             "parameters": [s.flat for s in slots] + server.flat + server.wire,
-            "gradients": [s.grad for s in slots] + server.grad_flat + server.landing,
+            "gradients": [s.grad for s in slots] + server.gradient_buffers(),
             "optimizer": server.optimizer_state(),
             "stash": self.stash.tensors(),
         }

@@ -1,4 +1,5 @@
-"""The eager param server: FP32 master weights, gradients and optimizer state of every layer in host memory."""
+"""The eager param server: FP32 master weights and optimizer state of every layer in host memory, and where each
+layer's gradient lands from the device."""
 
 from __future__ import annotations
 
@@ -6,53 +7,88 @@ import time
 
 import torch
 
+from methods.l2l.lanes import host_buffer
 from suite.harness.optim import LayerwiseOptimizer
 
 
-def _host_buffer(numel: int, dtype: torch.dtype, pin: bool, zero: bool = False) -> torch.Tensor:
-    # Pinned (page-locked) memory is what lets a non-blocking copy run on a copy engine while the
-    # host goes on; pageable memory would be staged through a driver buffer, synchronously.
-    make = torch.zeros if zero else torch.empty
-    return make(numel, dtype=dtype, pin_memory=pin)
+def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Views of `flat` shaped as `params`, one after another from its start."""
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return out
 
 
 class HostParamServer:
-    """Every layer's FP32 master weights as views of one flat host buffer per layer, with its FP32
-    gradient buffer and optimizer state beside it, all allocated once; the optimizer steps one
-    layer at a time.
+    """Every layer's FP32 master weights as views of one flat host buffer per layer, with its optimizer state
+    beside it, all allocated once; the optimizer steps one layer at a time.
 
-    `wire[i]` is what travels to the device: the master itself in FP32, or under CMP a 16-bit copy
-    refreshed right after each update (so the device receives half the bytes and converts nothing).
-    `landing[i]` is where the device's gradient is copied: the FP32 gradient buffer itself, or under
-    CMP a 16-bit buffer that the host widens to FP32 before unscaling. Only wire and landing
-    buffers move, so only they are pinned.
+    `wire[i]` is what travels to the device: the master itself in FP32, or under CMP a 16-bit copy refreshed right
+    after each update (so the device receives half the bytes and converts nothing). `landing_for(i)` is where the
+    device's gradient is copied, in the wire's dtype. Only wire and landing buffers move, so only they are pinned.
+
+    Where the gradients land:
+    - held (`ring=None`): one landing buffer per layer, kept until the layer's commit. A global gate (fp16's
+      overflow check, clipping's norm over every layer) or an update after the whole backward needs every layer's
+      gradient before the first commit.
+    - a ring of `ring` buffers as large as the largest layer, reused in turn as the backward ships head first: the
+      host applies each layer's gradient as it lands (overlap=on, no gate), so no gradient outlives its commit.
+      Layer i lands in buffer (n - 1 - i) % ring, once the update of layer i + ring (its last user) has finished:
+      the caller waits for it (`reuses`).
+
+    The optimizer reads FP32 gradients (each parameter's `.grad`): in FP32 the landing itself; under CMP one FP32
+    scratch as large as the largest layer, into which a layer's 16-bit gradient is widened and unscaled when it is
+    prepared, and again at its commit where the scratch has since held another layer (a gated step): the same
+    values both times. So the host holds no FP32 gradient a parameter: under CMP, 4 (master) + 8 (moments) + 2
+    (wire) bytes a parameter, plus 2 for held landings.
     """
 
-    def __init__(self, model, run, wire_dtype: torch.dtype = torch.float32, pin: bool = False, impl: str = "fused"):
+    def __init__(
+        self,
+        model,
+        run,
+        wire_dtype: torch.dtype = torch.float32,
+        pin: bool = False,
+        impl: str = "fused",
+        ring: int | None = None,
+    ):
         self.run = run
         self.named: list[list[tuple[str, torch.nn.Parameter]]] = []
-        self.flat, self.grad_flat, self.wire, self.landing = [], [], [], []
-        cmp = wire_dtype != torch.float32
-        for i in range(model.num_layers):
+        self.flat, self.wire = [], []
+        self.cmp = wire_dtype != torch.float32
+        sizes = [sum(p.numel() for _, p in model.layer_named_parameters(i)) for i in range(model.num_layers)]
+        n, largest = len(sizes), max(sizes)
+        self.ring = ring if ring is not None and ring < n else None
+        for i, numel in enumerate(sizes):
             named = model.layer_named_parameters(i)
-            numel = sum(p.numel() for _, p in named)
-            flat = _host_buffer(numel, torch.float32, pin and not cmp)
-            grad = _host_buffer(numel, torch.float32, pin and not cmp, zero=True)
-            offset = 0
-            for _, p in named:
-                n = p.numel()
-                flat[offset : offset + n].copy_(p.detach().reshape(-1))
+            flat = host_buffer(numel, torch.float32, pin and not self.cmp)
+            for (_, p), view in zip(named, _views(flat, [p for _, p in named])):
+                view.copy_(p.detach())
                 # The model's own parameters become views of the flat buffer: one copy of the
                 # weights, updated in place by the optimizer, readable by HF name.
-                p.data = flat[offset : offset + n].view_as(p)
-                p.grad = grad[offset : offset + n].view_as(p)
-                offset += n
+                p.data = view
             self.named.append(named)
             self.flat.append(flat)
-            self.grad_flat.append(grad)
-            self.wire.append(_host_buffer(numel, wire_dtype, pin).copy_(flat) if cmp else flat)
-            self.landing.append(_host_buffer(numel, wire_dtype, pin) if cmp else grad)
-        self.grads = [[p.grad for _, p in named] for named in self.named]
+            self.wire.append(host_buffer(numel, wire_dtype, pin).copy_(flat) if self.cmp else flat)
+        # FP32 landings start at zero (the optimizer reads them as gradients before any has landed, e.g. a count's
+        # first step); 16-bit ones are always written before they are read.
+        zero = not self.cmp
+        if self.ring is None:
+            self.landing = [host_buffer(numel, wire_dtype, pin, zero) for numel in sizes]
+        else:
+            self.landing = [host_buffer(largest, wire_dtype, pin, zero) for _ in range(self.ring)]
+        self.scratch = host_buffer(largest, torch.float32, False, zero=True) if self.cmp else None
+        # Each layer's FP32 gradients, as its parameters' .grad: views of its landing, or of the scratch (CMP)
+        self.grads = []
+        for i, named in enumerate(self.named):
+            params = [p for _, p in named]
+            source = self.scratch if self.cmp else self._landing_flat(i)
+            self.grads.append(_views(source, params))
+            for p, g in zip(params, self.grads[i]):
+                p.grad = g
+        self._in_scratch: int | None = None  # the layer whose gradient the scratch holds, unscaled
+        self._scaled_by = [1.0] * n  # each layer's loss scale when it was prepared (the step updates it after)
         self.opt = LayerwiseOptimizer(self.named, run, impl=impl, host=True)  # its state made now, beside the masters
         self.prepare_seconds = 0.0  # host time spent widening, unscaling and taking norms (not waiting for copies)
         self.commit_seconds = 0.0  # host time spent in optimizer updates and refreshing the 16-bit copies
@@ -66,6 +102,30 @@ class HostParamServer:
     def num_layers(self) -> int:
         return len(self.named)
 
+    def _landing_flat(self, layer: int) -> torch.Tensor:
+        if self.ring is None:
+            return self.landing[layer]
+        return self.landing[(self.num_layers - 1 - layer) % self.ring]
+
+    def landing_for(self, layer: int) -> torch.Tensor:
+        """The host buffer `layer`'s gradient is copied into (its first numel elements of a ring buffer)."""
+        return self._landing_flat(layer)[: self.flat[layer].numel()]
+
+    def reuses(self, layer: int) -> int | None:
+        """The layer whose landing `layer`'s gradient overwrites (its update must have finished first), if any."""
+        if self.ring is None or layer + self.ring >= self.num_layers:
+            return None
+        return layer + self.ring
+
+    def _load(self, layer: int, scaler, scale: float | None = None) -> torch.Tensor | None:
+        """Under CMP: widen the layer's landed 16-bit gradient into the FP32 scratch. Then unscale it (by `scale`, or
+        the scaler's own). Returns the overflow flag (None without loss scaling)."""
+        grads = self.grads[layer]
+        if self.cmp:
+            self.scratch[: self.flat[layer].numel()].copy_(self.landing_for(layer))
+            self._in_scratch = layer
+        return scaler.unscale_(grads, scale) if scaler.enabled else None
+
     def prepare(self, layer: int, shipment, scaler, clip: bool):
         """Make layer's gradient ready for its update: wait for it, widen it to FP32, unscale it.
 
@@ -75,21 +135,22 @@ class HostParamServer:
         """
         shipment.host_wait()
         t0 = time.perf_counter()
-        if self.landing[layer] is not self.grad_flat[layer]:
-            self.grad_flat[layer].copy_(self.landing[layer])
-        grads = self.grads[layer]
-        found = scaler.unscale_(grads) if scaler.enabled else None
-        norms = torch._foreach_norm(grads) if clip else None
+        self._scaled_by[layer] = scaler.scale
+        found = self._load(layer, scaler)
+        norms = torch._foreach_norm(self.grads[layer]) if clip else None
         self.prepare_seconds += time.perf_counter() - t0
         return found, norms
 
-    def commit(self, layer: int, step: int, clip_coef: torch.Tensor | None = None) -> None:
+    def commit(self, layer: int, step: int, scaler, clip_coef: torch.Tensor | None = None) -> None:
         """Apply optimizer step `step` to one layer (gradients scaled by `clip_coef` first), then
         refresh the 16-bit copy the device will load next."""
         t0 = time.perf_counter()
+        if self.cmp and self._in_scratch != layer:  # a gated step prepared other layers since: the same values again
+            self._load(layer, scaler, self._scaled_by[layer])  # (the scale may have grown since: not by this one)
         if clip_coef is not None:
             torch._foreach_mul_(self.grads[layer], clip_coef)
         self.opt.step_layer(layer, step)
+        self._in_scratch = None  # clipped and stepped: no longer the prepared gradient
         if self.wire[layer] is not self.flat[layer]:
             self.wire[layer].copy_(self.flat[layer])
         self.commit_seconds += time.perf_counter() - t0
@@ -101,7 +162,11 @@ class HostParamServer:
         """Every optimizer state tensor (for tests that a skipped step changed nothing)."""
         return self.opt.state_tensors()
 
+    def gradient_buffers(self) -> list[torch.Tensor]:
+        """Every host buffer a gradient passes through: the landings and, under CMP, the FP32 scratch."""
+        return [*self.landing, *([self.scratch] if self.scratch is not None else [])]
+
     def nbytes(self) -> int:
-        """Host bytes held: masters, gradients, 16-bit wire/landing copies and optimizer state."""
-        bufs = {id(t): t for ts in (self.flat, self.grad_flat, self.wire, self.landing) for t in ts}
+        """Host bytes held: masters, 16-bit wire copies, landings, the scratch and optimizer state."""
+        bufs = {id(t): t for ts in (self.flat, self.wire, self.gradient_buffers()) for t in ts}
         return sum(t.numel() * t.element_size() for t in bufs.values()) + self.opt.state_bytes()

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from methods.l2l.lanes import Lanes, Shipment, copy_into, zero
+from methods.l2l.lanes import Lanes, Shipment, copy_into, host_buffer, zero
 
 
 class Slot:
@@ -212,7 +212,10 @@ class Stash:
         is kept while the shape repeats, so that steady-state steps create no tensors on the host."""
         flat = self.host.get(key)
         if flat is None or flat.numel() < x.numel() or flat.dtype != x.dtype:
-            flat = self.host[key] = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.pin)
+            last = self.uploaded.get(key)  # the last copy from the buffer let go here must have read it
+            if flat is not None and last is not None:
+                last.synchronize()
+            flat = self.host[key] = host_buffer(x.numel(), x.dtype, self.pin)
             self.views.pop(key, None)
         view = self.views.get(key)
         if view is None or view.shape != x.shape:

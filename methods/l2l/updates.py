@@ -11,6 +11,8 @@ import torch
 
 from suite.harness.device import host_flag, is_fake
 
+RING = 3  # landing buffers when each gradient is applied as it lands: two layers of slack for the host
+
 
 def _done() -> Future:
     future: Future = Future()
@@ -112,6 +114,8 @@ class HostUpdater:
         self.invalidate = invalidate  # a committed layer's device copy is stale
         self.clip = run.clip_grad_norm > 0
         self.gated = scaler.enabled or self.clip
+        if self.gated and server.ring is not None:  # a gate needs every gradient before the first commit
+            raise ValueError("a gated step (loss scaling or clipping) holds every layer's landing: ring=None")
         counted = is_fake(server.flat[0])
         self.pool = InLine() if counted else LayerQueue()
         weakref.finalize(self, self.pool.shutdown, wait=False)
@@ -119,6 +123,20 @@ class HostUpdater:
         self.ready: list[Future] = [_done()] * n  # per layer: its latest commit (uploads wait for it)
         self.prepared: list[Future | None] = [None] * n
         self.shipments: list = [None] * n
+
+    @staticmethod
+    def ring(run, overlap: bool) -> int | None:
+        """How many landing buffers the host's gradients pass through: RING where each is applied as it lands
+        (overlap=on with no gate: bf16 or FP32 without clipping), else None, one per layer held until its commit."""
+        gated = run.precision == "fp16" or run.clip_grad_norm > 0  # fp16 is loss-scaled: its overflow gates a step
+        return RING if overlap and not gated else None
+
+    def landing(self, layer: int) -> torch.Tensor:
+        """Where `layer`'s gradient lands; a ring buffer once its last user's update has finished."""
+        last = self.server.reuses(layer)
+        if last is not None:
+            self.ready[last].result()
+        return self.server.landing_for(layer)
 
     def layer_done(self, layer: int, shipment, step: int) -> None:
         """The backward of `layer` has finished and its gradient is on its way to the host."""
@@ -136,7 +154,7 @@ class HostUpdater:
 
     def _prepare_commit(self, layer: int, shipment, step: int) -> None:
         self.server.prepare(layer, shipment, self.scaler, False)
-        self.server.commit(layer, step)
+        self.server.commit(layer, step, self.scaler)
 
     def _decide(self, prepared) -> tuple[bool, torch.Tensor | None]:
         """(skip the step?, clipping coefficient) from every layer's (found_inf, norms), in layer order."""
@@ -154,7 +172,7 @@ class HostUpdater:
         skipped, coef = self._decide(prepared)
         if not skipped:
             for i in range(n):
-                self.server.commit(i, step, coef)
+                self.server.commit(i, step, self.scaler, coef)
         return skipped
 
     def finish(self, step: int) -> bool:
@@ -174,7 +192,7 @@ class HostUpdater:
             if not skipped:
                 for i in range(n):
                     self.invalidate(i)
-                    self.ready[i] = self.pool.submit(self.server.commit, i, step, coef, layer=i)
+                    self.ready[i] = self.pool.submit(self.server.commit, i, step, self.scaler, coef, layer=i)
         self.scaler.update(skipped)
         return skipped
 

@@ -28,13 +28,14 @@ class DynamicLossScaler:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale if self.enabled else loss
 
-    def unscale_(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Divide grads by the scale in place; returns a 1-element tensor, non-zero if any was inf/NaN."""
+    def unscale_(self, grads: list[torch.Tensor], scale: float | None = None) -> torch.Tensor:
+        """Divide grads by the scale (the current one, or `scale`: the one their loss was scaled by, where the step
+        has since updated it) in place; returns a 1-element tensor, non-zero if any was inf/NaN."""
         device = grads[0].device if grads else torch.device("cpu")
         found = torch.zeros(1, device=device)
         if not self.enabled or not grads:
             return found
-        inv = torch.full((1,), 1.0 / self.scale, device=device)
+        inv = torch.full((1,), 1.0 / (self.scale if scale is None else scale), device=device)
         by_dev: dict[tuple, list[torch.Tensor]] = {}
         for g in grads:
             by_dev.setdefault((g.device, g.dtype), []).append(g)

@@ -42,7 +42,7 @@ def test_16_bit_weights_travel_and_compute_fp32_stays_on_the_host():
     m = build_method(tiny("bf16").validate())
     assert all(w.dtype == torch.bfloat16 for w in m.server.wire)
     assert all(g.dtype == torch.bfloat16 for g in m.server.landing)
-    assert all(f.dtype == torch.float32 for f in m.server.flat + m.server.grad_flat)
+    assert all(f.dtype == torch.float32 for f in [*m.server.flat, m.server.scratch])
     assert all(s.flat.dtype == torch.bfloat16 and s.grad.dtype == torch.bfloat16 for s in m.relay.slots)
     assert all(t.dtype == torch.float32 for t in m.server.optimizer_state())
     assert all(v.dtype == torch.float32 for v in m.state_dict().values())

@@ -62,7 +62,7 @@ def test_host_buffers_are_allocated_once():
     server = m.server
 
     def pointers():
-        bufs = server.flat + server.grad_flat + server.wire + server.landing + server.optimizer_state()
+        bufs = server.flat + server.wire + server.gradient_buffers() + server.optimizer_state()
         return [t.data_ptr() for t in bufs] + [t.data_ptr() for s in m.relay.slots for t in (s.flat, s.grad)]
 
     before = pointers()
@@ -201,13 +201,38 @@ def test_next_forward_starts_before_the_last_commit_of_a_slow_host(kw):
     # The host takes 50 ms per layer, far slower than this device's layers: the next forward waits only for the
     # embeddings' commit, which the host takes first, not for the top layers' (ungated: those of the backward
     # still queued when it ended; gated: all of them, queued once the verdict is known).
-    ends, start = _times_of_a_slow_host(_method(options=dict(overlap="on"), **kw))
+    # Held landings (ungated, the ring would hold the device back instead: the next test).
+    ends, start = _times_of_a_slow_host(_method(options=dict(overlap="on", landing="held"), **kw))
     assert len(ends) == BLOCKS + 2
     assert start < max(ends), (start, ends)
 
 
-def test_a_slow_host_commits_the_embeddings_before_the_top_layers_left_queued():
+def test_the_ring_holds_the_device_within_three_layers_of_a_slow_host():
+    """Applied as they land (the default where nothing gates the step), gradients pass through three buffers: the
+    device ships layer l's gradient only once layer l + 3's update has finished, whatever the host's pace."""
     m = _method(options=dict(overlap="on"))
+    assert m.server.ring == 3
+    done, shipped, commit, landing = {}, {}, m.server.commit, m.updater.landing
+
+    def slow_commit(layer, step, *args):
+        time.sleep(0.05)
+        commit(layer, step, *args)
+        done[layer] = time.perf_counter()
+
+    def timed_landing(layer):
+        buf = landing(layer)
+        shipped[layer] = time.perf_counter()
+        return buf
+
+    m.server.commit, m.updater.landing = slow_commit, timed_landing
+    m.step(next(synthetic_batches(m.run)))
+    m.state_dict()
+    assert all(done[layer + 3] <= shipped[layer] for layer in range(BLOCKS + 2 - 3)), (done, shipped)
+    assert shipped[0] > done[BLOCKS + 1]  # the head's update (the first, 50 ms) held the embeddings' gradient back
+
+
+def test_a_slow_host_commits_the_embeddings_before_the_top_layers_left_queued():
+    m = _method(options=dict(overlap="on", landing="held"))
     order, commit = [], m.server.commit
 
     def slow_commit(layer, step, *args):

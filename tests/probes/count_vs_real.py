@@ -24,7 +24,10 @@ def real(run) -> dict:
     method.step(next(batches))
     with LiveBytesTracker() as tracker:
         method.step(next(batches))
-    return {"resident": method.resident_device_bytes(), "step_peak": tracker.peak}
+    out = {"resident": method.resident_device_bytes(), "step_peak": tracker.peak}
+    if hasattr(method, "server"):  # L2L's host: the buffers its gradients pass through
+        out["host_gradient_bytes"] = sum(t.nbytes for t in method.server.gradient_buffers())
+    return out
 
 
 def counted(run, device: str, round_to: int = 1, limit=None, warmup: int = 1) -> dict:
