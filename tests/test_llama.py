@@ -119,6 +119,46 @@ def test_every_method_matches_its_reference(method, precision, options, against,
         assert result.worst[1] == 0.0, result.report(top=5)
 
 
+def test_the_chunked_lm_loss_is_the_whole_heads_loss_and_gradients():
+    """Llama 3's 128256-wide head at 4096 tokens makes 2.1 GB of FP32 logits a sequence (and their gradient): past
+    256 MiB the loss is made 1024 tokens at a time, each chunk's logits made again in the backward. Forced here at
+    tiny width (5 tokens a chunk, which divides nothing), padded samples and one with no target token included: the
+    loss and every gradient are the whole head's, and no logits are kept."""
+    from suite.harness.families.lm import LOSS_CHUNK, chunk_for
+
+    assert chunk_for(4095, 128256, None) == LOSS_CHUNK and chunk_for(15, 256, None) == 0 and chunk_for(9, 9, 0) == 0
+    run = _run(micro_batch_size=4, num_micro_batches=1)
+    mb = next(synthetic_batches(run, padded=True)).split(1)[0]
+    mb.labels[1, :] = -100  # a sample with nothing to predict counts 0
+    got = {}
+    for chunk in (0, 5):
+        model = build_model(dataclasses.replace(run.model, loss_chunk=chunk), run.seed)
+        head = model.layers[-1]
+        width = model.hf.config.hidden_size
+        hidden = torch.randn(mb.size, run.seq_len, width, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        loss, logits = head(hidden, mb.labels, mb.size)
+        loss.backward()
+        got[chunk] = (loss.detach(), hidden.grad, head.lm_head.weight.grad, head.norm.weight.grad, logits)
+    (whole, *grads, logits), (chunked, *cgrads, none) = got[0], got[5]
+    assert logits is not None and none is None
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-7)
+    for ours, theirs in zip(cgrads, grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ConfigError, match="loss_chunk"):
+        ModelConfig(preset="tiny", loss_chunk=4).resolved()
+
+
+@pytest.mark.parametrize(
+    "method,precision,options,against",
+    [("l2l-cmp", "bf16", {"stash": "cpu", "overlap": "on"}, "amp"), ("amp", "bf16", {}, "grad_accum")],
+)
+def test_a_chunked_head_trains_as_its_reference(method, precision, options, against):
+    run = _run(method, precision, options=options)
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, loss_chunk=5))
+    result = check(run, against, steps=3)
+    assert result.passed, result.report(top=5)
+
+
 def _check_cli(method: str, *sets: str) -> subprocess.CompletedProcess:
     args = [x for s in [*LLAMA, *sets] for x in ("--set", s)]
     cmd = [sys.executable, "-m", "suite", "check", method, "--steps", "3", *args]

@@ -64,6 +64,9 @@ class ModelConfig:
     # What BERT's pooler reads: "cls" (the [CLS] token, BertForSequenceClassification's) or "mean" (the mean of
     # the unpadded tokens, a sentence-transformers checkpoint's own pooling).
     pooling: str = "cls"
+    # Tokens whose LM-head logits are made at a time in training (llama): None decides by size (chunks of
+    # suite.harness.families.lm.LOSS_CHUNK once a micro-batch's FP32 logits would pass LOGITS_BYTES), 0 never.
+    loss_chunk: int | None = None
 
     def resolved(self) -> "ModelConfig":
         """Fill every size from the preset; explicit values win."""
@@ -107,6 +110,11 @@ class ModelConfig:
         for k in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(out, k) < 1.0:
                 raise ConfigError(f"model.{k} must be in [0, 1), got {getattr(out, k)}")
+        if out.loss_chunk is not None and (out.loss_chunk < 0 or out.family != "llama"):
+            raise ConfigError(
+                f"model.loss_chunk={out.loss_chunk} must be tokens >= 0 (0: never chunked) on model.family='llama'"
+                f" (this is {out.family!r})"
+            )
         return out
 
 
@@ -177,8 +185,9 @@ class RunConfig:
         d = dataclasses.asdict(self)
         if d["model"]["pooling"] == "cls":  # the default stays out, so cells keyed before it existed keep their keys
             del d["model"]["pooling"]
-        if d["model"]["kv_heads"] is None:  # likewise
-            del d["model"]["kv_heads"]
+        for k in ("kv_heads", "loss_chunk"):  # likewise
+            if d["model"][k] is None:
+                del d["model"][k]
         if "family" in PRESETS.get(self.model.preset, {}):  # what the preset sets, as it resolves
             m = self.model.resolved()
             d["model"].update({k: getattr(m, k) for k in FAMILY_DEFAULTS})

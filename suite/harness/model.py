@@ -130,7 +130,7 @@ class LayeredModel(nn.Module):
             if index == self.num_layers - 1:
                 # every head takes the padding mask (BERT's mean pooling reads it; the LM heads' labels mark padding)
                 loss, logits = module(x, ctx.mb.labels, ctx.denom, ctx.mb.attention_mask)
-                ctx.logits = logits.detach()
+                ctx.logits = None if logits is None else logits.detach()  # (a chunked LM loss makes none whole)
                 return loss
             return self.family.block(module, x, ctx)
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from suite.harness.families.gpt2 import causal_mask
-from suite.harness.families.lm import lm_loss
+from suite.harness.families.lm import chunk_for, chunked_lm_loss, lm_loss
 
 ROPE_THETA = 500000.0  # Llama 3's; its 3.1/3.2 frequency scaling (rope_type "llama3") is left out: values, not cost
 RMS_EPS = 1e-5
@@ -46,14 +46,22 @@ class LlamaBlock(nn.Module):
 
 
 class LlamaHead(nn.Module):
-    """Final RMSNorm, LM head and loss; labels are the input ids (-100 at padding), shifted here."""
+    """Final RMSNorm, LM head and loss; labels are the input ids (-100 at padding), shifted here. Where the logits
+    are large (model.loss_chunk, lm.chunk_for) the loss is made a chunk of tokens at a time in training, and no
+    logits are returned (None)."""
 
-    def __init__(self, hf):
+    def __init__(self, hf, loss_chunk: int | None = None):
         super().__init__()
         self.norm, self.lm_head = hf.model.norm, hf.lm_head
+        self.loss_chunk = loss_chunk
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor, denom: int, attention_mask=None):
-        logits = self.lm_head(self.norm(hidden))
+        normed = self.norm(hidden)
+        tokens, vocab = normed.shape[0] * (normed.shape[1] - 1), self.lm_head.out_features
+        chunk = chunk_for(tokens, vocab, self.loss_chunk) if torch.is_grad_enabled() else 0
+        if chunk and self.lm_head.bias is None:
+            return chunked_lm_loss(normed[:, :-1], self.lm_head.weight, labels[:, 1:], denom, chunk), None
+        logits = self.lm_head(normed)
         return lm_loss(logits[:, :-1], labels[:, 1:], denom), logits
 
 
@@ -92,7 +100,8 @@ class LlamaFamily:
 
     def split(self, hf, cfg) -> list[nn.Module]:
         rotary = hf.model.rotary_emb
-        return [LlamaEmbed(hf), *(LlamaBlock(layer, rotary) for layer in hf.model.layers), LlamaHead(hf)]
+        blocks = [LlamaBlock(layer, rotary) for layer in hf.model.layers]
+        return [LlamaEmbed(hf), *blocks, LlamaHead(hf, cfg.loss_chunk)]
 
     def mask(self, mb) -> torch.Tensor | None:
         """None when nothing is padded (decided on the host, from the batch): SDPA is then causal by itself
