@@ -15,6 +15,7 @@ import torch
 from test_runner import make_experiment
 
 from suite.commands.sweep import sweep
+from suite.config.errors import ConfigError
 from suite.core import process, registry
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
@@ -653,6 +654,18 @@ def test_a_sweep_this_machine_cannot_or_should_not_time_is_one_line_before_it_st
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and said in lines[0], lines
     assert not list((tmp_path / "results").rglob("*.json")), "a record was written"
+
+
+def test_a_paper_sweep_that_counts_on_fake_tensors_is_not_asked_about(monkeypatch):
+    """decoder-largest's cells search by counts (fake tensors on the host's cores): `make decoder` stopped at them,
+    told that they would time BERT-Large-size cells for hours."""
+    from suite.commands import cli
+    from suite.core.experiment import get_experiment
+
+    monkeypatch.setattr(cli, "PAPER_ON_CPU_S", 0.0)  # any timed cell would be asked about
+    cli._fits_this_machine(SweepRequest(get_experiment("decoder-largest"), "paper"), yes=False)
+    with pytest.raises(ConfigError, match="--profile paper on this machine's CPU times"):
+        cli._fits_this_machine(SweepRequest(get_experiment("table6"), "paper"), yes=False)
 
 
 def test_a_failed_reference_row_says_which_command_brings_the_ratios_back():

@@ -55,11 +55,14 @@ def _fits_this_machine(req, yes: bool) -> None:
     cell-rounds may take past PAPER_ON_CPU_S (BERT-Large-size cells on its cores): say what it may take."""
     if req.measure != "time" or req.nodes.multi:
         return
+    from suite.core.kinds import is_timed, kind
     from suite.core.plan import expand
 
     cells = expand(req)
     cuda = any(c.run.device == "cuda" for c in cells)
-    on_cpu = [c for c in cells if c.run.device != "cuda"] if req.profile == "paper" and not yes else []
+    # A kind that counts on fake tensors (decoder-largest's searches) computes nothing on this CPU: not asked about.
+    real = [c for c in cells if c.run.device != "cuda" and not kind(c.kind).on_host]
+    on_cpu = real if req.profile == "paper" and not yes else []
     if not cuda and not on_cpu:
         return
     import torch
@@ -71,8 +74,6 @@ def _fits_this_machine(req, yes: bool) -> None:
             "device=cuda was asked for, but torch sees no CUDA device on this machine: use device=cpu or auto, or "
             "--measure count to count the cells as the device would hold them"
         )
-    from suite.core.kinds import is_timed
-
     rounds = max(req.rounds or 1, 1)
     bound = sum((req.timeout or c.timeout) * (rounds if is_timed(c.kind) else 1) for c in on_cpu)
     if bound > PAPER_ON_CPU_S:
