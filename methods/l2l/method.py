@@ -38,7 +38,7 @@ class L2L(Method):
     """Layer-to-layer: host param server, two device slots, every micro-batch through a layer before the next.
 
     Device memory, independent of depth except for the stash: four slots (embeddings, head, two
-    blocks) with their gradient buffers; per micro-batch one incoming activation gradient; the
+    blocks; more blocks with block_slots) with their gradient buffers; per micro-batch one incoming activation gradient; the
     recompute of one layer for one micro-batch; and the stash, one block input per block and
     micro-batch on the device (stash=gpu) or, with stash=cpu, only the inputs of the layer being
     computed and of the one being prefetched.
@@ -54,6 +54,12 @@ class L2L(Method):
         "host_optim": Option(
             "fused", IMPLS, "the host update's kernels: fused (torch's fused AdamW, the suite's fused LAMB) or foreach"
         ),
+        "block_slots": Option(
+            2,
+            help="device slots for blocks: 2 (one computes while the next uploads) or more, a device layer cache "
+            "(each slot a block's 16-bit or FP32 weights and gradient buffer); as many as the blocks keeps each on "
+            "the device between its updates, so that a layer crosses the bus once a step",
+        ),
         "landing": Option(
             "ring",
             ("ring", "held"),
@@ -62,6 +68,13 @@ class L2L(Method):
             "of a slow host, for 2 or 4 more host bytes a parameter)",
         ),
     }
+
+    @classmethod
+    def check_config(cls, run) -> None:
+        super().check_config(run)
+        slots = cls.resolved_options(run)["block_slots"]
+        if slots < 2:
+            raise ConfigError(f"block_slots={slots}: the relay needs 2 or more (one computes while the next uploads)")
 
     @classmethod
     def recomputes(cls, run) -> bool:
@@ -89,7 +102,14 @@ class L2L(Method):
             invalidate=lambda layer: self.relay.invalidate(layer),
         )
         self.relay = DeviceRelay(
-            model, self.server.wire, device, self.dtype, self.lanes, lambda layer: self.updater.ready[layer], self.trace
+            model,
+            self.server.wire,
+            device,
+            self.dtype,
+            self.lanes,
+            lambda layer: self.updater.ready[layer],
+            self.trace,
+            self.opts["block_slots"],
         )
         self.stash = Stash(self.lanes, device, self.opts["stash"] == "cpu", pin, self.trace)
         self.step_count = 0
@@ -218,7 +238,7 @@ class L2L(Method):
         }
 
     def resident_device_bytes(self) -> int:
-        # The four slots' weights and gradient buffers; stashes, gradients of activations and
+        # The slots' weights and gradient buffers; stashes, gradients of activations and
         # recompute buffers are allocated inside the step, where the tracker (or CUDA) sees them.
         return self.relay.nbytes()
 

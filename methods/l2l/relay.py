@@ -44,21 +44,25 @@ class Slot:
         self.loaded = None  # event: the upload of those weights has finished
         self.free = None  # event: the last compute reading the weights has finished
         self.shipment: Shipment | None = None  # the gradient copy still reading self.grad
+        self.used = 0  # the relay's tick when the slot last computed (the least recent is refilled first)
 
     def nbytes(self) -> int:
         return 2 * self.flat.numel() * self.flat.element_size()
 
 
 class DeviceRelay:
-    """Four slots: embeddings, head and two alternating block slots (blocks share one structure).
+    """Slots for the embeddings, the head and the blocks: two alternating block slots by default (blocks share one
+    structure), or more (`block_slots`: a device layer cache).
 
     While one block slot computes layer l, the next layer (l+1 forward, l-1 backward) is uploaded
-    into the other on the copy stream; the upload waits for the event marking the end of the last
+    into another on the copy stream; the upload waits for the event marking the end of the last
     compute on that slot, and the compute waits for the upload's event. The embeddings and the head
     keep their own slots: their structures differ from a block's and neither depends on depth, so
     device weights stay at embeddings + head + two blocks however deep the model is. A slot keeps
-    its tag until its layer is updated, so the two blocks last run forward are reused by the
-    backward without another upload.
+    its tag until its layer is updated, so the blocks last run forward are reused by the backward
+    without another upload: with two slots the last two, with as many slots as blocks every one, so that
+    each layer crosses the bus once a step (after its update). A layer is uploaded into an empty slot, else
+    into the one used longest ago that is not computing.
     """
 
     def __init__(
@@ -70,12 +74,15 @@ class DeviceRelay:
         lanes: Lanes,
         ready,
         trace: list | None = None,
+        block_slots: int = 2,
     ):
         self.num_layers = model.num_layers
         self.wire, self.lanes, self.ready, self.trace = wire, lanes, ready, trace  # ready(layer): its update's future
         self.embed = Slot(model.layers[0], device, dtype)
         self.head = Slot(model.layers[-1], device, dtype)
-        self.blocks = [Slot(model.layers[1], device, dtype), Slot(model.layers[1], device, dtype)]
+        count = max(2, min(block_slots, self.num_layers - 2))  # more than the blocks would hold nothing
+        self.blocks = [Slot(model.layers[1], device, dtype) for _ in range(count)]
+        self._tick = 0  # when each block slot was last used (Slot.used), for the choice of the next to fill
         for i in range(1, self.num_layers - 1):
             shapes = [p.shape for p in model.layers[i].parameters()]
             if shapes != self.blocks[0].shapes:
@@ -99,7 +106,8 @@ class DeviceRelay:
         for slot in self.blocks:
             if slot.layer == layer:
                 return slot
-        return next(s for s in self.blocks if s.layer is None or s.layer != self.current)
+        free = [s for s in self.blocks if s.layer is None or s.layer != self.current]
+        return min(free, key=lambda s: (s.layer is not None, s.used))
 
     def load(self, layer: int, wait: bool = True) -> Slot | None:
         """Start uploading `layer` into a slot unless one holds it already; does not wait for the copy.
@@ -127,6 +135,8 @@ class DeviceRelay:
                 self.trace.append(("upload", layer, start, lanes.mark(lanes.h2d)))
         slot.layer = layer
         self.uploads += 1
+        self._tick += 1
+        slot.used = self._tick  # just filled: not the next to be refilled before its use
         return slot
 
     def prefetch(self, layer: int) -> None:
@@ -138,6 +148,8 @@ class DeviceRelay:
         slot = self.load(layer)
         self.lanes.wait(slot.loaded)
         self.current = layer
+        self._tick += 1
+        slot.used = self._tick
         return slot
 
     def release(self, slot: Slot) -> None:

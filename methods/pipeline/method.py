@@ -82,10 +82,6 @@ class PipelineMethod(Method):
     schedule_steps: ClassVar[int] = 1
 
     @classmethod
-    def resolved_options(cls, run) -> dict:
-        return {k: run.options.get(k, o.default) for k, o in cls.options.items()}
-
-    @classmethod
     def world_size(cls, run) -> int:
         o = cls.resolved_options(run)
         return o["stages"] * o["width"] if o["executor"] == "dist" else 1

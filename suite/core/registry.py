@@ -83,7 +83,12 @@ class Method(ABC):
 
     def __init__(self, model, run, device: torch.device):
         self.model, self.run, self.device = model, run, device
-        self.opts = {k: run.options.get(k, o.default) for k, o in self.options.items()}
+        self.opts = self.resolved_options(run)
+
+    @classmethod
+    def resolved_options(cls, run) -> dict:
+        """Every option of the method: the run's setting, else its default."""
+        return {k: run.options.get(k, o.default) for k, o in cls.options.items()}
 
     # The method `suite check METHOD` compares with when no --against is given.
     reference: ClassVar[str] = "grad_accum"

@@ -248,3 +248,31 @@ def test_a_slow_host_commits_the_embeddings_before_the_top_layers_left_queued():
     # The head's update starts as its gradient lands; by its end every other gradient has landed, and the host
     # takes them lowest first: the order the next forward needs them in.
     assert order == [BLOCKS + 1, *range(BLOCKS + 1)]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(method="l2l-cmp", precision="bf16", options=dict(overlap="on"))])
+def test_a_device_layer_cache_keeps_every_block_and_uploads_each_layer_once_a_step(kw):
+    """block_slots as many as the blocks (issue 54, item 4): the backward finds every block where the forward left
+    it, so each layer crosses the bus once a step (after its update), against blocks - 2 more with two slots; the
+    same bits as two slots, and the device holds one more slot a block."""
+    options = kw.pop("options", {})
+    two, cached = (_method(options={**options, "block_slots": k}, **kw) for k in (2, BLOCKS))
+    assert len(cached.relay.blocks) == BLOCKS and len(two.relay.blocks) == 2
+    one_block = cached.relay.blocks[0].nbytes()
+    assert cached.resident_device_bytes() == two.resident_device_bytes() + (BLOCKS - 2) * one_block
+    batches = synthetic_batches(two.run)
+    for _ in range(3):
+        batch = next(batches)
+        for m in (two, cached):
+            before = m.relay.uploads
+            m.step(batch)
+            m.state_dict()
+            m.uploads_last = m.relay.uploads - before
+        assert cached.uploads_last == BLOCKS + 2 and two.uploads_last == (BLOCKS + 2) + (BLOCKS - 2)
+    ours, theirs = cached.state_dict(), two.state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_block_slots_below_two_are_refused():
+    with pytest.raises(ConfigError, match="block_slots=1"):
+        _method(options={"block_slots": 1})
