@@ -38,10 +38,10 @@ class L2L(Method):
     """Layer-to-layer: host param server, two device slots, every micro-batch through a layer before the next.
 
     Device memory, independent of depth except for the stash: four slots (embeddings, head, two
-    blocks; more blocks with block_slots) with their gradient buffers; per micro-batch one incoming activation gradient; the
-    recompute of one layer for one micro-batch; and the stash, one block input per block and
-    micro-batch on the device (stash=gpu) or, with stash=cpu, only the inputs of the layer being
-    computed and of the one being prefetched.
+    blocks; more blocks with block_slots) with their gradient buffers; per micro-batch one incoming
+    activation gradient; the recompute of one layer for one micro-batch; and the stash, one block
+    input per block and micro-batch on the device (stash=gpu) or, with stash=cpu, only the inputs
+    of the layer being computed and of the one being prefetched.
     """
 
     precisions = ("fp32",)
