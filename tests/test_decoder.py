@@ -41,6 +41,23 @@ def test_the_largest_model_is_the_deepest_whose_host_and_device_hold(host):
     assert "host" in searched[str(n + 1)] and m["max_params_billion"] > 0
 
 
+def test_the_8b_table_runs_each_method_at_both_shapes_and_the_truncated_pair():
+    """decoder-8b (issue 54): Llama 3 8B and Llama 2 7B's shape at 16 sequences of 4096 tokens under L2L-CMP (two
+    slots, every block resident, LAMB), FSDP2's offload and AMP resident, and the 8-layer pair AMP fits; at `tiny`
+    the same rows on llama-tiny shapes."""
+    from experiments import decoder_8b
+
+    paper = {c.row.name: c.run for c in decoder_8b.EXPERIMENT.cells("paper")}
+    assert {r.model.preset for r in paper.values()} == {"llama-8b", "llama2-7b"}
+    assert all(r.seq_len == 4096 and r.batch_size == 16 and r.device_memory == "80GB" for r in paper.values())
+    assert paper["8b-l2l-cmp-cache"].options["block_slots"] == 32 and "block_slots" not in paper["8b-l2l-cmp"].options
+    assert paper["7b-l2l-cmp-lamb"].optimizer == "lamb" and paper["8b-fsdp"].method == "fsdp-offload"
+    assert paper["8b-8l-amp"].model.layers == paper["8b-8l-l2l-cmp-cache"].options["block_slots"] == 8
+    assert paper["7b-amp"].model.resolved().kv_heads is None  # multi-head attention
+    tiny = {c.row.name for c in decoder_8b.EXPERIMENT.cells("tiny")}
+    assert tiny == set(paper) - {"8b-8l-amp", "8b-8l-l2l-cmp-cache"} | {"8b-2l-amp", "8b-2l-l2l-cmp-cache"}
+
+
 def test_the_search_starts_where_two_counts_in_a_line_meet_a_cap():
     # Device 10 + 3 a unit, host 100 + 50 a unit: a device of 100 holds 31 (10 + 3 * 30), a host of 1000 holds 19.
     counted = []

@@ -56,6 +56,18 @@ def test_merged_rounds_recompute_tflops_and_mfu_from_the_median_throughput():
     assert flops.achieved({"throughput": 5.0}) == {}  # a CPU record: nothing to add
 
 
+def test_tokens_and_six_n_tflops_where_a_cell_stored_its_parameters():
+    """Offloading papers (MegaTrain: 272 TFLOPS for Qwen2.5-7B on an H100) count 6 x parameters x tokens a second;
+    a CUDA cell stores its parameters and tokens a sample, and merged rounds recompute both from the median."""
+    m = {"throughput": 2.0, "flops_per_sample": 1e12, "hardware_flops_per_sample": 1e12}
+    assert flops.achieved(m).keys() == {"model_tflops", "hardware_tflops"}
+    got = flops.achieved({**m, "parameters": 8_030_261_248, "tokens_per_sample": 4096})
+    assert got["tokens_per_s"] == 8192.0
+    assert got["tflops_6n"] == pytest.approx(6 * 8_030_261_248 * 8192 / 1e12)
+    run = RunConfig(model=ModelConfig(preset="llama2-7b"), seq_len=16)
+    assert flops.parameters(run) == 6_738_415_616  # Llama 2 7B's published count
+
+
 def test_a_section_shows_tflops_and_mfu_only_where_its_records_have_them():
     from suite.report import tables
 

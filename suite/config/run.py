@@ -41,6 +41,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-3b": dict(LLAMA, layers=28, hidden=3072, intermediate=8192, heads=24, kv_heads=8, max_seq=131072),
     "llama-8b": dict(LLAMA, layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, max_seq=8192),
     "llama-70b": dict(LLAMA, layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8, max_seq=8192),
+    # Llama 2 7B's shape: multi-head attention (as many key-value heads as queries), its 32000-token vocabulary
+    "llama2-7b": dict(LLAMA, layers=32, hidden=4096, intermediate=11008, heads=32, max_seq=4096, vocab_size=32000),
 }
 
 

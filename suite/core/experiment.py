@@ -293,6 +293,7 @@ EXPERIMENTS = Catalogue(
             ("decoder", "decoder"),
             ("decoder-largest", "decoder_largest"),
             ("decoder-batch", "decoder_batch"),
+            ("decoder-8b", "decoder_8b"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
             ("bench-l2l-host-step", "benchmarks.l2l_host_step"),

@@ -14,6 +14,9 @@ and the head adds 2 H^2 + 2 H C per sequence (pooler and classifier: `classify`)
 projection of a language model (`clm`), or 2 S H^2 + 2 S H V (`mlm`: BERT's transform, then the vocabulary).
 Training is three forwards' worth (the backward multiplies twice per forward matmul): the model FLOPs MFU is
 taken against. A recompute runs every block's forward once more: hardware FLOPs, counted apart (HFU), never in MFU.
+
+Beside it, the convention of offloading papers such as MegaTrain (2026): 6 x parameters x tokens a second
+(`tflops_6n`), every parameter counted (the embeddings' too), the attention's S^2 terms and any recompute not.
 """
 
 from __future__ import annotations
@@ -72,12 +75,26 @@ def peak_tflops(device_name: str, precision: str, tf32: bool = False) -> float |
     return None
 
 
+def parameters(run) -> int:
+    """Every parameter of `run`'s model, counted on the meta device (no memory, seconds at 70B)."""
+    import torch
+
+    from suite.harness.model import build_model
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(run.model, run.seed).parameters())
+
+
 def achieved(metrics: dict) -> dict:
-    """TFLOPS and utilisation from a record's (merged) throughput and the FLOPs and peak the cell stored."""
+    """TFLOPS and utilisation from a record's (merged) throughput and the FLOPs and peak the cell stored; tokens a
+    second and 6 x parameters x tokens a second where it stored the parameters and tokens a sample."""
     rate, flops = metrics.get("throughput"), metrics.get("flops_per_sample")
     if not isinstance(rate, (int, float)) or not flops:
         return {}
     out = {"model_tflops": rate * flops / 1e12, "hardware_tflops": rate * metrics["hardware_flops_per_sample"] / 1e12}
+    if metrics.get("parameters") and metrics.get("tokens_per_sample"):
+        out["tokens_per_s"] = rate * metrics["tokens_per_sample"]
+        out["tflops_6n"] = 6 * metrics["parameters"] * out["tokens_per_s"] / 1e12
     peak = metrics.get("peak_tflops")
     if peak:
         out["mfu"] = out["model_tflops"] / peak
@@ -95,6 +112,8 @@ def cuda_metrics(run, device, metrics: dict, devices: int = 1, recompute: bool |
     peak = peak_tflops(name, run.precision, tf32)
     out = {
         **per_sample(run, recompute),
+        "parameters": parameters(run),
+        "tokens_per_sample": run.seq_len,
         "peak_tflops": peak * devices if peak else None,
         "peak_of": f"{devices} x {name}, {'tf32' if run.precision == 'fp32' and tf32 else run.precision} dense"
         + ("" if peak else ": not in suite.measure.flops.PEAKS, no MFU"),

@@ -15,6 +15,7 @@ SCHEMA_VERSION = 1
 NUMERIC_METRICS = (
     "throughput", "memory_gb", "memory_reserved_gb", "host_peak_gb", "step_time_median", "step_time_min",
     "step_time_max", "final_loss", "mfu", "hfu", "score", "device_busy", "model_tflops", "hardware_tflops",
+    "tokens_per_s", "tflops_6n",
 )  # fmt: skip
 STATUSES = ("ok", "oom", "timeout", "not_implemented")  # or "error: <message>", "partial: k/n rounds", "pending: ..."
 FINISHED = ("ok", "oom")  # a re-run skips these; error, timeout, partial and not_implemented are tried again

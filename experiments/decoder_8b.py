@@ -1,0 +1,109 @@
+"""`make decoder-8b` (issue 54): which method trains Llama 3 8B, and Llama 2 7B's shape, on one 80 GB GPU with its
+host, how fast, and exactly. At sequence 4096 and 16 sequences a step (65,536 tokens), bf16 on the device:
+
+- L2L-CMP with the FP32 master and AdamW on the host, its gradients applied as they land (overlap on, no gate:
+  14 bytes of host a parameter), with the paper's two block slots and with every block resident (a device layer
+  cache: each layer crosses the bus once a step); LAMB beside it;
+- FSDP2 with CPU offload (torch's own), recomputing per block as torchtitan's recipes do;
+- AMP resident, recomputing per block: counted past the device (the 8B's weights, gradients and AdamW's moments are
+  16 bytes a parameter on the device alone);
+- at 8 of the 8B's 32 layers, AMP resident and L2L-CMP in the same sweep: what offloading costs where both fit.
+
+Counted on any machine (`--measure count`: device and host peaks by role); timed on a GPU, where each row reports
+tokens a second, TFLOPS in the suite's convention (and MFU: the columns every GPU section has) and in 6 x
+parameters x tokens a second (suite.measure.flops), and both peaks. At `tiny` the same rows run on llama-tiny
+shapes on a CPU."""
+
+from __future__ import annotations
+
+from suite.core.experiment import Experiment, Metric, Row
+
+SEQ, SEQUENCES = 4096, 16
+DEVICE = "80GB"
+# The profile's model for each shape: (preset, overrides). Llama 2 7B differs by multi-head attention (32 key-value
+# heads), its feed-forward width and its vocabulary; at `tiny` one head a key-value head stands for it.
+MODELS = {
+    "paper": {"8b": ("llama-8b", {}), "7b": ("llama2-7b", {})},
+    "tiny": {"8b": ("llama-tiny", {}), "7b": ("llama-tiny", {"model.kv_heads": 4})},
+}
+TRUNCATED = {"paper": 8, "tiny": 2}  # layers of the 8B-width model AMP fits on the device
+L2L = {"precision": "bf16", "stash": "cpu", "overlap": "on"}
+METHODS = (
+    ("l2l-cmp", "l2l-cmp", L2L, "L2L-CMP bf16, AdamW on the host, 2 block slots"),
+    ("l2l-cmp-cache", "l2l-cmp", {**L2L, "block_slots": "all"}, "L2L-CMP, every block resident on the device"),
+    ("l2l-cmp-lamb", "l2l-cmp", {**L2L, "optimizer": "lamb"}, "L2L-CMP, LAMB on the host"),
+    ("fsdp", "fsdp-offload", {"precision": "bf16", "recompute": "on"}, "peer: torch FSDP2, CPU offload, recompute"),
+    ("amp", "amp", {"precision": "bf16", "recompute": "on"}, "AMP bf16 resident, recompute per block"),
+)
+
+
+def _blocks(profile: str, shape: str) -> int:
+    from suite.config.run import ModelConfig
+
+    preset, over = MODELS[profile][shape]
+    return ModelConfig(preset=preset, layers=over.get("model.layers")).resolved().layers
+
+
+def _row(profile: str, shape: str, name: str, method: str, overrides: dict, label: str, layers=None) -> Row:
+    preset, over = MODELS[profile][shape]
+    model = {"model.preset": preset, **over, **({"model.layers": layers} if layers else {})}
+    options = dict(overrides)
+    if options.get("block_slots") == "all":
+        options["block_slots"] = layers or _blocks(profile, shape)
+    tag = f"{shape}-{layers}l" if layers else shape
+    return Row(
+        f"{tag}-{name}",
+        method,
+        {**model, "device_memory": DEVICE, **options},
+        {"model": f"{preset}" + (f", {layers} of its layers" if layers else ""), "method": label},
+    )
+
+
+def rows(profile: str) -> list[Row]:
+    profile = "paper" if profile != "tiny" else "tiny"
+    out = [_row(profile, shape, *m) for shape in ("8b", "7b") for m in METHODS]
+    short = TRUNCATED[profile]
+    out += [_row(profile, "8b", *m, layers=short) for m in METHODS if m[0] in ("amp", "l2l-cmp-cache")]
+    return out
+
+
+def base(profile: str) -> dict:
+    seq, sequences = (SEQ, SEQUENCES) if profile != "tiny" else (64, 4)
+    return {
+        "seq_len": seq,
+        "micro_batch_size": 1,
+        "num_micro_batches": sequences,
+        "optimizer": "adamw",
+        "lr": 1e-4,
+        "warmup": 1,
+        "steps": 2,
+    }
+
+
+EXPERIMENT = Experiment(
+    name="decoder-8b",
+    title="Llama 3 8B (and Llama 2 7B's shape) trained on one 80 GB GPU: which method, how fast, with what host",
+    source="issue 54; anchors: MegaTrain (2026) 272 TFLOPS for Qwen2.5-7B on one H100 in 6 x N x tokens/s",
+    metrics=[
+        Metric("tokens_per_s", "tokens/s", "{:.0f}", ratio=False, paper=False),
+        Metric("tflops_6n", "TFLOPS (6N)", "{:.0f}", ratio=False, paper=False),
+        Metric("throughput", "samples/s", "{:.3g}", ratio=False, paper=False, brief=False),
+        Metric("memory_gb", "device peak", unit="GB", ratio=False, paper=False),
+        Metric("host_peak_gb", "host peak", unit="GB", ratio=False, paper=False),
+    ],
+    label_columns=["model", "method"],
+    baseline="8b-8l-amp",
+    rows=rows,
+    base=base,
+    rounds=3,
+    notes=(
+        "Each step is 16 sequences of 4096 tokens (micro-batches of one), bf16 on the device under an 80 GB cap. "
+        "`TFLOPS` and `MFU` count the model's matmul FLOPs, attention's included (suite.measure.flops); `TFLOPS "
+        "(6N)` is 6 x parameters x tokens a second, the convention of offloading papers (MegaTrain's 272 for "
+        "Qwen2.5-7B on an H100), which counts the embeddings and not the attention. L2L-CMP keeps 14 bytes of host "
+        "a parameter here (FP32 master, AdamW's two moments, the 16-bit copy the device loads; its gradients are "
+        "applied as they land); FSDP2's offload about 16. Rows past the device's 80 GB (AMP at full depth) are "
+        "counted `oom` and do not run. What offloading costs where AMP fits: the 8-layer rows' tokens a second, "
+        "one over the other, read within one sweep (no other row is a ratio to them: other shapes)."
+    ),
+)
