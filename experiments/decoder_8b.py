@@ -16,6 +16,7 @@ shapes on a CPU."""
 
 from __future__ import annotations
 
+from suite.config.run import ModelConfig
 from suite.core.experiment import Experiment, Metric, Row
 
 SEQ, SEQUENCES = 4096, 16
@@ -39,19 +40,12 @@ METHODS = (
 )
 
 
-def _blocks(profile: str, shape: str) -> int:
-    from suite.config.run import ModelConfig
-
-    preset, over = MODELS[profile][shape]
-    return ModelConfig(preset=preset, layers=over.get("model.layers")).resolved().layers
-
-
 def _row(profile: str, shape: str, name: str, method: str, overrides: dict, label: str, layers=None) -> Row:
     preset, over = MODELS[profile][shape]
     model = {"model.preset": preset, **over, **({"model.layers": layers} if layers else {})}
     options = dict(overrides)
     if options.get("block_slots") == "all":
-        options["block_slots"] = layers or _blocks(profile, shape)
+        options["block_slots"] = layers or ModelConfig(preset=preset).resolved().layers  # every block
     tag = f"{shape}-{layers}l" if layers else shape
     return Row(
         f"{tag}-{name}",

@@ -41,7 +41,7 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool, zero: bool = False) -
     make = torch.zeros if zero else torch.empty
     if not pin or numel == 0:
         return make(numel, dtype=dtype)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     span = -(-nbytes // PAGE) * PAGE
     raw = torch.empty(span + PAGE, dtype=torch.uint8)
     start = -raw.data_ptr() % PAGE  # its own pages: no registration shares a page with another

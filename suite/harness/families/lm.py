@@ -17,6 +17,11 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, denom: int) -> torch.Ten
     per_token = torch.nn.functional.cross_entropy(
         logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="none"
     ).view(labels.shape)
+    return _share(per_token, labels, denom)
+
+
+def _share(per_token: torch.Tensor, labels: torch.Tensor, denom: int) -> torch.Tensor:
+    """Each sample's mean over its target tokens, summed over the micro-batch, divided by denom."""
     count = (labels != IGNORE).sum(1)
     per_sample = per_token.sum(1) / count.clamp(min=1)
     return per_sample.sum() / denom
@@ -54,6 +59,4 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
             for h, y in zip(flat_h.split(chunk), flat_y.split(chunk))
         ]
     ).view(labels.shape)
-    count = (labels != IGNORE).sum(1)
-    per_sample = per_token.sum(1) / count.clamp(min=1)
-    return per_sample.sum() / denom
+    return _share(per_token, labels, denom)
