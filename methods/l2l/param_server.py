@@ -8,7 +8,10 @@ import time
 import torch
 
 from methods.l2l.lanes import host_buffer
-from suite.harness.optim import LayerwiseOptimizer
+from suite.harness.optim import WINDOW_ALIGN, LayerwiseOptimizer
+
+# Elements of the FP32 window a 16-bit gradient applied as it lands is widened into (4 MiB)
+WINDOW = 256 * WINDOW_ALIGN
 
 
 def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
@@ -17,6 +20,25 @@ def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.T
     for p in params:
         out.append(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
+    return out
+
+
+def _windows(params: list[torch.nn.Parameter], size: int) -> list[tuple[int, int, list[tuple]]]:
+    """A layer's parameters cut into windows of at most `size` elements over its flat buffer, each window
+    (lo, hi, pieces), a piece (param, start, stop, at): elements start:stop of the flattened param, at `at` in the
+    flat buffer. Each parameter is cut at multiples of `size` from its own start (a multiple of WINDOW_ALIGN, as
+    step_window needs); small ones share a window."""
+    out, pieces, lo, at = [], [], 0, 0
+    for p in params:
+        for a in range(0, p.numel(), size):
+            b = min(p.numel(), a + size)
+            if at + a + (b - a) - lo > size:
+                out.append((lo, at + a, pieces))
+                pieces, lo = [], at + a
+            pieces.append((p, a, b, at + a))
+        at += p.numel()
+    if pieces:
+        out.append((lo, at, pieces))
     return out
 
 
@@ -37,11 +59,18 @@ class HostParamServer:
       Layer i lands in buffer (n - 1 - i) % ring, once the update of layer i + ring (its last user) has finished:
       the caller waits for it (`reuses`).
 
-    The optimizer reads FP32 gradients (each parameter's `.grad`): in FP32 the landing itself; under CMP one FP32
-    scratch as large as the largest layer, into which a layer's 16-bit gradient is widened and unscaled when it is
-    prepared, and again at its commit where the scratch has since held another layer (a gated step): the same
-    values both times. So the host holds no FP32 gradient a parameter: under CMP, 4 (master) + 8 (moments) + 2
-    (wire) bytes a parameter, plus 2 for held landings.
+    The optimizer reads FP32 gradients: in FP32 the landing itself (each parameter's `.grad`); under CMP an FP32
+    scratch the 16-bit landing is widened into.
+    - Applied as it lands (a ring) with torch's fused AdamW: the scratch is a window of WINDOW elements. Each
+      layer's commit widens its gradient a window at a time, steps that window (AdamW is elementwise: the same bits
+      as one call over the layer, LayerwiseOptimizer.step_window) and refreshes the window's 16-bit copy while it
+      is in cache.
+    - Otherwise (LAMB's per-tensor trust ratio, a gate's norms and overflow flags over the whole layer): a scratch
+      as large as the largest layer, as each parameter's `.grad`. A layer's gradient is widened and unscaled into
+      it when it is prepared, and again at its commit where the scratch has since held another layer (a gated
+      step): the same values both times.
+    So the host holds no FP32 gradient a parameter: under CMP, 4 (master) + 8 (moments) + 2 (wire) bytes a
+    parameter, plus 2 for held landings.
     """
 
     def __init__(
@@ -78,18 +107,22 @@ class HostParamServer:
             self.landing = [host_buffer(numel, wire_dtype, pin, zero) for numel in sizes]
         else:
             self.landing = [host_buffer(largest, wire_dtype, pin, zero) for _ in range(self.ring)]
-        self.scratch = host_buffer(largest, torch.float32, False, zero=True) if self.cmp else None
-        # Each layer's FP32 gradients, as its parameters' .grad: views of its landing, or of the scratch (CMP)
+        self.opt = LayerwiseOptimizer(self.named, run, impl=impl, host=True)  # its state made now, beside the masters
+        self.windowed = self.cmp and self.ring is not None and all(self.opt.windowable(i) for i in range(n))
+        scratch = min(WINDOW, largest) if self.windowed else largest
+        self.scratch = host_buffer(scratch, torch.float32, False, zero=True) if self.cmp else None
+        # Each layer's FP32 gradients, as its parameters' .grad: views of its landing, or of the scratch (CMP, where
+        # it holds a whole layer)
         self.grads = []
         for i, named in enumerate(self.named):
             params = [p for _, p in named]
             source = self.scratch if self.cmp else self._landing_flat(i)
-            self.grads.append(_views(source, params))
+            self.grads.append([] if self.windowed else _views(source, params))
             for p, g in zip(params, self.grads[i]):
                 p.grad = g
+        self._windows = [_windows([p for _, p in named], scratch) for named in self.named] if self.windowed else []
         self._in_scratch: int | None = None  # the layer whose gradient the scratch holds, unscaled
         self._scaled_by = [1.0] * n  # each layer's loss scale when it was prepared (the step updates it after)
-        self.opt = LayerwiseOptimizer(self.named, run, impl=impl, host=True)  # its state made now, beside the masters
         self.prepare_seconds = 0.0  # host time spent widening, unscaling and taking norms (not waiting for copies)
         self.commit_seconds = 0.0  # host time spent in optimizer updates and refreshing the 16-bit copies
 
@@ -134,6 +167,8 @@ class HostParamServer:
         (None without clipping). Neither commits anything.
         """
         shipment.host_wait()
+        if self.windowed:  # ungated: nothing to check, and the commit widens it a window at a time
+            return None, None
         t0 = time.perf_counter()
         self._scaled_by[layer] = scaler.scale
         found = self._load(layer, scaler)
@@ -145,6 +180,10 @@ class HostParamServer:
         """Apply optimizer step `step` to one layer (gradients scaled by `clip_coef` first), then
         refresh the 16-bit copy the device will load next."""
         t0 = time.perf_counter()
+        if self.windowed:
+            self._commit_windows(layer, step)
+            self.commit_seconds += time.perf_counter() - t0
+            return
         if self.cmp and self._in_scratch != layer:  # a gated step prepared other layers since: the same values again
             self._load(layer, scaler, self._scaled_by[layer])  # (the scale may have grown since: not by this one)
         if clip_coef is not None:
@@ -154,6 +193,17 @@ class HostParamServer:
         if self.wire[layer] is not self.flat[layer]:
             self.wire[layer].copy_(self.flat[layer])
         self.commit_seconds += time.perf_counter() - t0
+
+    def _commit_windows(self, layer: int, step: int) -> None:
+        """Optimizer step `step` of one layer a window at a time: its 16-bit gradient widened into the scratch, the
+        window stepped, its 16-bit copy refreshed."""
+        self.opt.begin_windows(layer, step)
+        landing, flat, wire = self.landing_for(layer), self.flat[layer], self.wire[layer]
+        for lo, hi, pieces in self._windows[layer]:
+            grad = self.scratch[: hi - lo]
+            grad.copy_(landing[lo:hi])
+            self.opt.step_window(layer, [(p, a, b, grad[at - lo : at - lo + b - a]) for p, a, b, at in pieces])
+            wire[lo:hi].copy_(flat[lo:hi])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for named in self.named for n, p in named}

@@ -17,6 +17,9 @@ from suite.harness import fused_lamb
 from suite.harness.device import is_fake
 
 IMPLS = ("fused", "foreach")  # the optimizers' kernels: fused where the tensors allow, else torch's foreach ops
+# Where a window of a step by step_window may start, from its parameter's start: a multiple of every CPU vector
+# width (and of torch's 16-float task units), so that torch's fused AdamW gives each element the same bits.
+WINDOW_ALIGN = 4096
 
 
 class Lamb(torch.optim.Optimizer):
@@ -242,6 +245,60 @@ class LayerwiseOptimizer:
         for g in opt.param_groups:
             g["lr"] = lr
         opt.step()
+
+    def windowable(self, index: int) -> bool:
+        """Whether layer `index` can step window by window (begin_windows, step_window): torch's fused AdamW, whose
+        update is elementwise."""
+        opt = self.opts[index]
+        return opt is None or (
+            isinstance(opt, torch.optim.AdamW) and all(g["fused"] and not g["amsgrad"] for g in opt.param_groups)
+        )
+
+    def begin_windows(self, index: int, step: int) -> None:
+        """Start optimizer step `step` of layer `index` window by window: set its LR and advance its step counts, as
+        AdamW's step() does before its one fused call over the layer."""
+        opt = self.opts[index]
+        if opt is None:
+            return
+        lr = lr_at(self.run, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        torch._foreach_add_([opt.state[p]["step"] for g in opt.param_groups for p in g["params"]], 1)
+
+    @torch.no_grad()
+    def step_window(self, index: int, pieces: list[tuple[nn.Parameter, int, int, torch.Tensor]]) -> None:
+        """Part of the step begun by begin_windows: for each (param, start, stop, grad), the elements start:stop of
+        the flattened param (and of its moments) updated with `grad`, an FP32 tensor of stop - start elements.
+
+        torch's fused AdamW computes each element alone, its vector loop running from each tensor's start, so where
+        every start is a multiple of WINDOW_ALIGN from its parameter's start, each element gets the bits one call
+        over the whole layer gives it (tests/l2l/test_l2l_host_bytes.py checks it, and that an unaligned start
+        does not)."""
+        opt = self.opts[index]
+        for g in opt.param_groups if opt is not None else ():
+            mine = {id(p) for p in g["params"]}
+            part = [(p, a, b, grad) for p, a, b, grad in pieces if id(p) in mine]
+            if not part:
+                continue
+            state = [opt.state[p] for p, *_ in part]
+            beta1, beta2 = g["betas"]
+            torch._fused_adamw_(
+                [p.detach().view(-1)[a:b] for p, a, b, _ in part],
+                [grad for *_, grad in part],
+                [s["exp_avg"].view(-1)[a:b] for s, (_, a, b, _) in zip(state, part)],
+                [s["exp_avg_sq"].view(-1)[a:b] for s, (_, a, b, _) in zip(state, part)],
+                [],
+                [s["step"] for s in state],
+                amsgrad=False,
+                lr=g["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=g["weight_decay"],
+                eps=g["eps"],
+                maximize=g["maximize"],
+                grad_scale=None,
+                found_inf=None,
+            )
 
     def step(self, step: int) -> None:
         """Step every layer: LAMB's layers together (one multi-tensor pass on the device), AdamW's layer by layer."""

@@ -6,12 +6,14 @@ import time
 import pytest
 import torch
 
-from methods.l2l.param_server import HostParamServer
+from methods.l2l import param_server
+from methods.l2l.param_server import WINDOW, HostParamServer
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.check import build_method, check
+from suite.harness.loss_scale import DynamicLossScaler
 
 
-def _run(method="l2l-cmp", precision="bf16", overlap="on", clip=0.0, layers=6, **kw) -> RunConfig:
+def _run(method="l2l-cmp", precision="bf16", overlap="on", clip=0.0, layers=6, landing="ring", **kw) -> RunConfig:
     return RunConfig(
         method=method,
         precision=precision,
@@ -22,7 +24,7 @@ def _run(method="l2l-cmp", precision="bf16", overlap="on", clip=0.0, layers=6, *
         num_micro_batches=2,
         optimizer="adamw",
         clip_grad_norm=clip,
-        options={"overlap": overlap, "stash": "cpu"},
+        options={"overlap": overlap, "stash": "cpu", "landing": landing},
         **kw,
     ).validate()
 
@@ -31,7 +33,7 @@ def _run(method="l2l-cmp", precision="bf16", overlap="on", clip=0.0, layers=6, *
     "method,precision,overlap,clip,per_param,ring",
     [
         # Applied as each gradient lands: the FP32 master, two moments and the 16-bit wire copy; no gradient a
-        # parameter, only the ring and one FP32 scratch, each bounded by the largest layer.
+        # parameter, only the ring (bounded by the largest layer) and AdamW's FP32 window.
         ("l2l-cmp", "bf16", "on", 0.0, 4 + 8 + 2, 3),
         # Held until the host may commit (after the whole backward, or behind fp16's overflow or clipping's norm
         # gate): a 16-bit landing a parameter besides.
@@ -48,10 +50,38 @@ def test_host_bytes_a_parameter(method, precision, overlap, clip, per_param, rin
     params = sum(f.numel() for f in server.flat)
     largest = max(f.numel() for f in server.flat)
     cmp = precision != "fp32"
-    bounded = (ring or 0) * largest * (2 if cmp else 4) + (largest * 4 if cmp else 0)
+    scratch = min(WINDOW, largest) if ring else largest
+    bounded = (ring or 0) * largest * (2 if cmp else 4) + (scratch * 4 if cmp else 0)
     steps = 4 * sum(len(named) for named in server.named)  # AdamW's step count, a 0-d FP32 tensor a parameter tensor
     assert server.ring == ring
     assert server.nbytes() == per_param * params + bounded + steps
+
+
+def _commit_steps(server, steps=3) -> list[torch.Tensor]:
+    """Commit `steps` steps of the same bf16 gradients on every layer, head first; the host's state after."""
+    gen = torch.Generator().manual_seed(0)
+    off = DynamicLossScaler(enabled=False)
+    for step in range(steps):
+        for layer in reversed(range(server.num_layers)):
+            land = server.landing_for(layer)
+            land.copy_(torch.randn(land.shape, generator=gen))
+            server.commit(layer, step, off)
+    return [*server.flat, *server.wire, *server.optimizer_state()]
+
+
+def test_adamw_applied_a_window_at_a_time_gives_the_whole_layers_bits(monkeypatch):
+    """A 16-bit gradient applied as it lands is widened a window at a time (no FP32 gradient as large as a layer):
+    masters, 16-bit copies and moments equal, bit for bit, those of the whole layer's update (a held landing). With
+    windows of two alignment units, the embeddings and some blocks' matrices are cut. A window that starts off the
+    alignment gives other bits (torch's fused AdamW computes a tensor's tail apart): the check can tell."""
+    held = _commit_steps(build_method(_run(layers=2, landing="held")).server)
+    for size, same in ((2 * param_server.WINDOW_ALIGN, True), (param_server.WINDOW_ALIGN + 3, False)):
+        monkeypatch.setattr(param_server, "WINDOW", size)
+        server = build_method(_run(layers=2)).server
+        assert server.windowed and server.scratch.numel() == size
+        assert any(len(w[2]) > 1 for w in server._windows[1]) and len(server._windows[0]) > 2
+        got = _commit_steps(server)
+        assert all(torch.equal(a, b) for a, b in zip(got, held)) == same
 
 
 def test_a_host_slower_than_the_device_never_loses_a_landed_gradient(monkeypatch):
