@@ -184,3 +184,28 @@ def test_a_cell_counted_past_its_cap_is_recorded_oom_without_running(tmp_path):
     assert ran["status"] == "ok"
     assert not any("baseline-x16" in m and "running" in m for m in seen)
     assert any("stash-cpu-x1" in m and "running" in m for m in seen)
+
+
+def test_a_cell_whose_count_needs_more_host_than_this_one_has_is_recorded_oom_without_running(monkeypatch):
+    """Issue 54, item 7: on an accelerator a row whose counted host peak (L2L's param server) or whose offload (a
+    peer's count_allowance) passes the host's RAM, less the reserve for what a count does not see, is refused by its
+    count before it starts, never left to the kernel's OOM killer; where the host has the room it runs."""
+    from suite.core import runner
+    from suite.core.experiment import get_experiment
+
+    cells = get_experiment("decoder-8b").cells("tiny", ["8b-l2l-cmp", "8b-fsdp"], ["device=cuda"], None)
+    # Their counts as a count reports them (tests/test_counting.py checks the figures): L2L's host apart, 5 MB
+    counts = {"l2l-cmp": {"host_peak_bytes": 5_000_000}, "fsdp-offload": {"count_allowance_gb": 0.01}}
+    monkeypatch.setattr(
+        runner.launcher,
+        "run_cell",
+        lambda c, timeout: {"status": "ok", "metrics": counts[c.run.method], "error": None, "provenance": {}},
+    )
+    monkeypatch.setattr(runner.host, "ram_bytes", lambda: runner.HOST_RESERVE + 2**20)
+    refused = runner.counted_past_cap(cells, None, lambda m: None)
+    assert set(refused) == {c.key for c in cells}
+    for outcome in refused.values():
+        assert outcome["status"] == "oom" and "GiB of host memory, past the 0.0 GiB" in outcome["error"]
+        assert "past the host, not run" in outcome["metrics"]["memory_kind"]
+    monkeypatch.setattr(runner.host, "ram_bytes", lambda: runner.HOST_RESERVE + 2**40)
+    assert runner.counted_past_cap(cells, None, lambda m: None) == {}
