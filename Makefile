@@ -145,9 +145,11 @@ planner-check: $(STAMP)
 # DECODER_MEASURE=time on a GPU measures the rows that fit), the largest model each fits on one 80 GB GPU, and the
 # largest micro-batch each fits at every size and at sequence 4096 and 8192.
 DECODER_MEASURE ?= count
-# Llama 3 8B and Llama 2 7B's shape on one 80 GB GPU (issue 54): counted here, timed on a GPU (DECODER_MEASURE=time).
+# Llama 3 8B and Llama 2 7B's shape on one 80 GB GPU (issue 54): counted here, timed on a GPU (DECODER_MEASURE=time);
+# then each row's roofline on an H100 and an H200 (decoder-8b-roofline: projected, held to a GPU's records).
 decoder-8b: $(STAMP)
 	$(PY) -m suite run decoder-8b --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)
+	$(PY) -m suite run decoder-8b-roofline --profile paper $(RUN_FLAGS)
 
 decoder: $(STAMP)
 	$(PY) -m suite run decoder --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)

@@ -294,6 +294,7 @@ EXPERIMENTS = Catalogue(
             ("decoder-largest", "decoder_largest"),
             ("decoder-batch", "decoder_batch"),
             ("decoder-8b", "decoder_8b"),
+            ("decoder-8b-roofline", "decoder_8b_roofline"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
             ("bench-l2l-host-step", "benchmarks.l2l_host_step"),

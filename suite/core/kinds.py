@@ -15,7 +15,8 @@ class CellKind(Entry):
     launched as one process whatever the method's rank count (a count follows the ranks itself). `watched`: a
     benchmark whose figures are times of its own: the machine's load over the whole cell is recorded with them
     (suite.measure.contention; a timed kind records it over its timed steps). `on_host`: it runs on the host's CPU
-    whatever device the run names (fake tensors), so a count for a GPU can be made where there is none."""
+    whatever device the run names (fake tensors, or arithmetic alone: a roofline), so a count or projection for a GPU
+    can be made where there is none."""
 
     timed: bool = False
     builds_method: bool = True
@@ -37,6 +38,7 @@ KINDS = Catalogue(
         ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
         ("decoder-largest", CellKind("experiments.decoder_largest:largest", one_process=True, on_host=True)),
         ("l2l-projected", CellKind("methods.l2l.projection:projected_cell", builds_method=False)),
+        ("roofline", CellKind("methods.roofline:roofline_cell", builds_method=False, on_host=True)),
         (
             "count-search",
             CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True, on_host=True),

@@ -231,7 +231,9 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy
     ]
     for m in exp.metrics:
         # An oom record has metrics only when they say why (a projection's memory past its cap).
-        ours = _num(metrics.get(m.key)) if measured(status) else None
+        value = metrics.get(m.key)
+        # A figure, or a word where the metric is one (a projection's limit)
+        ours = (value if isinstance(value, str) else _num(value)) if measured(status) else None
         paper = cell.row.paper.get(m.key) if as_defined else None
         line.append(ours)
         own = spread(metrics, m.key) if ours is not None else None

@@ -1,0 +1,215 @@
+"""A step's roofline on one GPU and its host (issue 54, item 6): what a method's step computes on the device, moves
+over PCIe each way and streams through host memory, each over the rate the machine offers; the slowest names the
+limit. Projected, nothing trained: the figures a GPU measures (tokens/s, the bandwidth benchmark) are held to it.
+
+What each method moves in one step of `u` micro-batches (per parameter of N, at the wire's w bytes; every figure
+from the run's model built on `meta`):
+- L2L and L2L-CMP (overlap on, the relay of methods/l2l): every layer's weights up once in the forward, and again
+  in the backward for the blocks below the top `block_slots` (the slots still hold those); each gradient down once;
+  the block inputs down and up again where stashed on the host. The host's update streams 28 bytes a parameter
+  (AdamW: reads the master, two moments and the 16-bit gradient, writes the three back and the 16-bit copy; LAMB's
+  second pass and layer-sized scratch: 46), besides the copy engines' own reads and writes of host memory. The
+  device, the copies and the host overlap; what cannot is the tail: the last layers' updates after the backward
+  (the embeddings and the first block: the next forward starts with them) and the first upload.
+- FSDP2 with CPU offload (torch's): the FP32 shards up to the device at every gather, forward and backward of every
+  micro-batch (its gradients synchronise only at the last, so each micro-batch gathers again; once a micro-batch
+  with reshard off), the FP32 gradients down once; the optimizer (torch's fused AdamW, 28 bytes a parameter) runs on
+  the host after the backward, in series.
+- AMP resident: no PCIe; the optimizer on the device streams its bytes at the device memory's rate after the
+  backward.
+The device's compute is the step's hardware FLOPs (suite.measure.flops, recompute included) at the GEMM rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from suite.measure.flops import peak_tflops, per_sample
+
+WIRE = {"fp32": 4, "fp16": 2, "bf16": 2}
+HOST_UPDATE = {"adamw": 28, "lamb": 46}  # host bytes a parameter the L2L update streams (see the docstring)
+DEVICE_UPDATE = 36  # bytes a parameter a resident AdamW streams (FP32 weights, gradients and moments; 16-bit copy)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One GPU, its link and its host, each rate with where it comes from."""
+
+    name: str
+    gpu: str  # the name torch reports, for the dense peak (suite.measure.flops.PEAKS)
+    gemm_tflops: float  # achieved in a decoder block's matmuls at bf16
+    h2d_gbps: float  # pinned host memory to the device, per direction
+    d2h_gbps: float
+    host_gbps: float  # the host memory's streaming bandwidth at all cores (a triad's)
+    device_gbps: float  # the device memory's
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+H100 = Machine(
+    "H100 80GB HBM3 SXM, PCIe Gen5 x16, a 16-core host",
+    "NVIDIA H100 80GB HBM3",
+    gemm_tflops=600.0,
+    h2d_gbps=50.0,
+    d2h_gbps=50.0,
+    host_gbps=100.0,
+    device_gbps=3000.0,
+    sources={
+        "gemm": "assumed: 61% of the 989 TFLOPS dense bf16 peak in 4096-token Llama matmuls and flash attention "
+        "(cuBLAS reaches 600-700 at these shapes; the suite's own measurement is bench-link's, not yet made there)",
+        "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction (as methods/l2l/projection.py)",
+        "host": "assumed: 100 GB/s streaming at 16 cores (issue 54 puts a server's at 75-150)",
+        "device": "assumed: 3.0 TB/s of the HBM3's 3.35",
+    },
+)
+MACHINES = {
+    "h100": H100,
+    "h200": dataclasses.replace(
+        H100,
+        name="H200 141GB HBM3e SXM, PCIe Gen5 x16, a 16-core host",
+        gpu="NVIDIA H200",
+        device_gbps=4300.0,
+        sources={**H100.sources, "device": "assumed: 4.3 TB/s of the HBM3e's 4.8", "gemm": "assumed: the H100's"},
+    ),
+}
+
+
+@dataclass
+class Roofline:
+    step_s: float
+    tokens: int  # a step's
+    compute_s: float
+    h2d_s: float
+    d2h_s: float
+    host_s: float
+    tail_s: float  # what cannot overlap the slowest (see project)
+    bound: str  # the busiest resource: "compute", "upload", "download" or "host"
+    flops: float  # the step's model FLOPs (MFU's), beside the hardware FLOPs compute_s is made of
+    parameters: int
+    pcie_bytes: int  # over PCIe a step, both ways
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+
+def layer_sizes(run) -> list[int]:
+    """Parameters of each layer of the run's model (embeddings, blocks, head), built on `meta`."""
+    import torch
+
+    from suite.harness.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(run.model, run.seed)
+    return [sum(p.numel() for _, p in model.layer_named_parameters(i)) for i in range(model.num_layers)]
+
+
+def project(run, machine: Machine, sizes: list[int] | None = None) -> Roofline:
+    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `machine`."""
+    from suite.core import registry
+
+    sizes = layer_sizes(run) if sizes is None else sizes
+    n, blocks = sum(sizes), sizes[1:-1]
+    cls = registry.get(run.method)
+    opts = cls.resolved_options(run)
+    samples, m = run.batch_size, run.model.resolved()
+    flops = per_sample(run, cls.recomputes(run))
+    compute = samples * flops["hardware_flops_per_sample"] / (machine.gemm_tflops * 1e12)
+    h2d_bps, d2h_bps, host_bps = machine.h2d_gbps * 1e9, machine.d2h_gbps * 1e9, machine.host_gbps * 1e9
+    w = WIRE[run.precision]
+    if run.method in ("l2l", "l2l-cmp"):
+        if opts["overlap"] != "on":
+            raise ValueError(f"{run.method}: the roofline models overlap=on (the host updates during the backward)")
+        slots = opts["block_slots"]
+        again = sum(blocks[: max(len(blocks) - slots, 0)])  # blocks below the top slots: uploaded again
+        stash = samples * run.seq_len * m.hidden * w * len(blocks) if opts["stash"] == "cpu" else 0
+        up, down = (n + again) * w + stash, n * w + stash
+        per_param = HOST_UPDATE[run.optimizer]
+        host = (n * per_param + up + down) / host_bps  # the update, and the copy engines reading and writing the host
+        first = sizes[0] + sizes[1]  # the embeddings and the first block land last; the next forward needs them first
+        tail = first * per_param / host_bps + sizes[0] * w / h2d_bps
+        busy = {"compute": compute, "upload": up / h2d_bps, "download": down / d2h_bps, "host": host}
+        step = max(busy.values()) + tail
+    elif run.method == "fsdp-offload":
+        gathers = 2 * run.num_micro_batches if opts["reshard"] == "on" else run.num_micro_batches
+        up, down = gathers * n * 4, n * 4  # FP32 shards up at every gather, FP32 gradients down once
+        host = (n * HOST_UPDATE["adamw"] + up + down) / host_bps
+        busy = {"compute": compute, "upload": up / h2d_bps, "download": down / d2h_bps, "host": host}
+        tail = n * HOST_UPDATE["adamw"] / host_bps  # the optimizer after the backward, in series
+        step = max(busy["compute"], busy["upload"], busy["download"]) + tail
+    elif run.method in ("amp", "ag"):
+        tail = n * DEVICE_UPDATE / (machine.device_gbps * 1e9)
+        up = down = 0
+        busy = {"compute": compute, "upload": 0.0, "download": 0.0, "host": 0.0}
+        step = compute + tail
+    else:
+        raise ValueError(f"no roofline for method {run.method!r}: one of l2l, l2l-cmp, fsdp-offload, amp, ag")
+    return Roofline(
+        step_s=step,
+        tokens=samples * run.seq_len,
+        compute_s=busy["compute"],
+        h2d_s=busy["upload"],
+        d2h_s=busy["download"],
+        host_s=busy["host"],
+        tail_s=tail,
+        bound=max(busy, key=busy.get),
+        flops=samples * flops["flops_per_sample"],
+        parameters=n,
+        pcie_bytes=up + down,
+    )
+
+
+def _measured(ref: dict | None) -> tuple[float | None, str]:
+    """The tokens a second of the record `ref` names (a machine's slug prefix, an experiment and a row; its latest
+    finished record), and what it is."""
+    if not ref:
+        return None, "none: a projection only"
+    from pathlib import Path
+
+    from suite.config.paths import RESULTS_DIR
+    from suite.records.schema import status_of
+    from suite.records.store import all_records, machine_of
+
+    found = [
+        rec
+        for rec in all_records(Path(RESULTS_DIR))
+        if machine_of(rec).startswith(ref["machine"])
+        and (rec["experiment"], rec["row"], rec.get("profile")) == (ref["experiment"], ref["row"], "paper")
+        and status_of(rec).kind == "ok"
+        and not rec.get("variant")
+        and isinstance((rec.get("metrics") or {}).get("tokens_per_s"), (int, float))
+    ]
+    if not found:
+        return None, f"no {ref['machine'].rstrip('-')} record of {ref['experiment']}/{ref['row']} yet"
+    rec = max(found, key=lambda r: str(r.get("finished") or ""))
+    return rec["metrics"]["tokens_per_s"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}"
+
+
+def roofline_cell(run, device, cap) -> dict:
+    """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key) and the record the
+    projection is held to, if any."""
+    p = run.options["projection"]
+    machine = MACHINES[p["machine"]]
+    out = project(run, machine)
+    ref, what = _measured(p.get("reference"))
+    peak = peak_tflops(machine.gpu, run.precision)
+    tflops = out.flops / out.step_s / 1e12
+    return {
+        "tokens_per_s": out.tokens_per_s,
+        "tflops_6n": 6 * out.parameters * out.tokens_per_s / 1e12,
+        "model_tflops": tflops,
+        "mfu": tflops / peak if peak else None,
+        "step_time": out.step_s,
+        "pcie_gb": out.pcie_bytes / 1e9,
+        "compute_s": out.compute_s,
+        "h2d_s": out.h2d_s,
+        "d2h_s": out.d2h_s,
+        "host_s": out.host_s,
+        "tail_s": out.tail_s,
+        "bound": out.bound,
+        "reference": ref,
+        "reference_of": what,
+        "error": (out.tokens_per_s - ref) / ref if ref else None,
+        "device_spec": machine.name,
+        "assumptions": machine.sources,
+    }

@@ -1,0 +1,69 @@
+"""The roofline of a decoder step (methods/roofline.py, issue 54 item 6): what each method moves and computes, and
+which resource it names the limit."""
+
+import pytest
+
+from methods import roofline
+from suite.config.run import ModelConfig, RunConfig
+
+
+def _run(method, precision="bf16", options=None, micro_batches=4, layers=4, **kw) -> RunConfig:
+    return RunConfig(
+        method=method,
+        precision=precision,
+        model=ModelConfig(preset="llama-tiny", layers=layers),
+        seq_len=64,
+        micro_batch_size=1,
+        num_micro_batches=micro_batches,
+        optimizer="adamw",
+        options=options or {},
+        **kw,
+    ).validate()
+
+
+L2L = {"overlap": "on", "stash": "gpu"}
+FAST = roofline.Machine("test", "NVIDIA H100 80GB HBM3", 1e-6, 1.0, 1.0, 10.0, 100.0)  # a slow device: compute-bound
+
+
+def test_l2l_uploads_each_layer_once_and_again_below_its_slots():
+    """Two slots: the forward uploads every layer, the backward again every block below the top two; with a slot a
+    block, once a step. Gradients come down once, at the wire's bytes; a stash on the host crosses both ways."""
+    sizes = roofline.layer_sizes(_run("l2l-cmp", options=L2L))
+    n, block = sum(sizes), sizes[1]
+    two = roofline.project(_run("l2l-cmp", options=L2L), FAST, sizes)
+    every = roofline.project(_run("l2l-cmp", options={**L2L, "block_slots": 4}), FAST, sizes)
+    assert every.pcie_bytes == 2 * n * 2 and two.pcie_bytes == every.pcie_bytes + 2 * block * 2
+    assert two.h2d_s > every.h2d_s and two.d2h_s == every.d2h_s == n * 2 / 1e9
+    fp32 = roofline.project(_run("l2l", "fp32", options={**L2L, "block_slots": 4}), FAST, sizes)
+    assert fp32.pcie_bytes == 2 * every.pcie_bytes
+    stashed = roofline.project(_run("l2l-cmp", options={**L2L, "stash": "cpu"}), FAST, sizes)
+    hidden = ModelConfig(preset="llama-tiny").resolved().hidden
+    assert stashed.pcie_bytes == two.pcie_bytes + 2 * 4 * 64 * hidden * 2 * 4  # 4 blocks' inputs of 4 samples
+
+
+def test_the_limit_is_the_busiest_resource_and_the_step_at_least_it():
+    """On a fast link and host the device's compute bounds L2L-CMP; on a slow link, its uploads; FSDP2's offload
+    gathers the FP32 shards at every micro-batch's forward and backward; AMP moves nothing over PCIe."""
+    run = _run("l2l-cmp", options=L2L)
+    fast = roofline.project(run, roofline.Machine("t", "H100", 1.0, 1e3, 1e3, 1e3, 1e3))
+    assert fast.bound == "compute" and fast.step_s >= fast.compute_s
+    slow = roofline.project(run, roofline.Machine("t", "H100", 1e3, 1e-3, 1e3, 1e3, 1e3))
+    assert slow.bound == "upload" and slow.step_s >= slow.h2d_s
+    n = slow.parameters
+    fsdp = roofline.project(_run("fsdp-offload", options={"recompute": "on"}), FAST)
+    assert fsdp.pcie_bytes == 2 * 4 * n * 4 + n * 4
+    amp = roofline.project(_run("amp", options={"recompute": "on"}), FAST)
+    assert amp.pcie_bytes == 0 and amp.host_s == 0 and amp.bound == "compute"
+    with pytest.raises(ValueError, match="no roofline for method 'gpipe'"):
+        roofline.project(_run("gpipe", ranks=2), FAST)
+
+
+def test_the_roofline_table_projects_every_row_that_fits():
+    """decoder-8b-roofline: each decoder-8b row but AMP at full depth (counted past the device), on each machine,
+    held to that GPU's record of the row."""
+    from experiments import decoder_8b, decoder_8b_roofline
+
+    rows = decoder_8b_roofline.rows("paper")
+    fits = [r.name for r in decoder_8b.rows("paper") if r.name not in ("8b-amp", "7b-amp")]
+    assert [r.name for r in rows] == [f"{m}-{name}" for m in roofline.MACHINES for name in fits]
+    assert all(r.projection["reference"]["row"] == r.name.split("-", 1)[1] for r in rows)
