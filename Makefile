@@ -11,7 +11,7 @@ RUN_FLAGS ?=
 # MEASURE=count: each cell's memory counted on fake tensors (any machine, no data) instead of measured.
 MEASURE ?= time
 
-.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-overhead bench-host-optim table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check l2l-projection decoder decoder-8b plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign gpu-precount clean-venv clean-venv-mimic
+.PHONY: setup lint format test test-mimic test-cuda test-slow bench bench-overhead bench-host-optim bench-link table2 table3 table4 table5 table6 table7 table7-recipe 2bw-table1 planner-check l2l-projection decoder decoder-8b plan pipeline-timelines pipeline-bench 2bw-fig6 2bw-fig7 2bw-fig8 2bw-fig9 2bw-figs counted counted-l2l counted-2bw list gpu-campaign gpu-precount clean-venv clean-venv-mimic
 
 setup: $(STAMP)
 
@@ -147,6 +147,11 @@ planner-check: $(STAMP)
 DECODER_MEASURE ?= count
 # Llama 3 8B and Llama 2 7B's shape on one 80 GB GPU (issue 54): counted here, timed on a GPU (DECODER_MEASURE=time);
 # then each row's roofline on an H100 and an H200 (decoder-8b-roofline: projected, held to a GPU's records).
+# The rates the roofline stands on, measured here (a lent GPU's replace the assumed ones): matmuls, attention,
+# PCIe each way, the host's triad and L2L's host update, at Llama 3 8B's block.
+bench-link: $(STAMP)
+	$(PY) -m suite run bench-link --profile $(PROFILE) $(RUN_FLAGS)
+
 decoder-8b: $(STAMP)
 	$(PY) -m suite run decoder-8b --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)
 	$(PY) -m suite run decoder-8b-roofline --profile paper $(RUN_FLAGS)

@@ -6,10 +6,9 @@ once a loan has measured one."""
 from __future__ import annotations
 
 from experiments import decoder_8b
-from methods.roofline import MACHINES
+from methods.roofline import MACHINES, SLUGS
 from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
 
-LENT = {"h100": "h100-", "h200": "h200-"}  # the slugs' starts of the records a machine's projection is held to
 NOT_PROJECTED = ("8b-amp", "7b-amp")  # past the device at full depth (counted oom): nothing to project
 
 
@@ -22,7 +21,7 @@ def rows(profile: str) -> list[Row]:
             {"machine": machine, **row.labels},
             projection={
                 "machine": machine,
-                "reference": {"machine": LENT[machine], "experiment": "decoder-8b", "row": row.name},
+                "reference": {"machine": SLUGS[machine], "experiment": "decoder-8b", "row": row.name},
             },
         )
         for machine in MACHINES

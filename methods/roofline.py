@@ -39,6 +39,7 @@ class Machine:
     name: str
     gpu: str  # the name torch reports, for the dense peak (suite.measure.flops.PEAKS)
     gemm_tflops: float  # achieved in a decoder block's matmuls at bf16
+    attention_tflops: float  # achieved by causal attention, forward and backward, counted as MFU counts it
     h2d_gbps: float  # pinned host memory to the device, per direction
     d2h_gbps: float
     host_gbps: float  # the host memory's streaming bandwidth at all cores (a triad's)
@@ -50,13 +51,15 @@ H100 = Machine(
     "H100 80GB HBM3 SXM, PCIe Gen5 x16, a 16-core host",
     "NVIDIA H100 80GB HBM3",
     gemm_tflops=600.0,
+    attention_tflops=500.0,
     h2d_gbps=50.0,
     d2h_gbps=50.0,
     host_gbps=100.0,
     device_gbps=3000.0,
     sources={
         "gemm": "assumed: 61% of the 989 TFLOPS dense bf16 peak in 4096-token Llama matmuls and flash attention "
-        "(cuBLAS reaches 600-700 at these shapes; the suite's own measurement is bench-link's, not yet made there)",
+        "(cuBLAS reaches 600-700 at these shapes; the suite's own measurement is bench-link's, not yet made there); "
+        "attention 500 as counted (every query against every key: a causal kernel does half that work)",
         "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction (as methods/l2l/projection.py)",
         "host": "assumed: 100 GB/s streaming at 16 cores (issue 54 puts a server's at 75-150)",
         "device": "assumed: 3.0 TB/s of the HBM3's 3.35",
@@ -72,6 +75,53 @@ MACHINES = {
         sources={**H100.sources, "device": "assumed: 4.3 TB/s of the HBM3e's 4.8", "gemm": "assumed: the H100's"},
     ),
 }
+
+
+# A lent machine's slug starts with its kind's name (the records' `machine`)
+SLUGS = {"h100": "h100-", "h200": "h200-"}
+
+
+def _latest(experiment: str, row: str, slug: str, key: str) -> dict | None:
+    """The latest finished `paper` record of experiment/row on a machine whose slug starts with `slug`, as run by its
+    own definition (no --set variant), that has a number at metrics[key]."""
+    from pathlib import Path
+
+    from suite.config.paths import RESULTS_DIR
+    from suite.records.schema import status_of
+    from suite.records.store import all_records, machine_of
+
+    found = [
+        rec
+        for rec in all_records(Path(RESULTS_DIR))
+        if machine_of(rec).startswith(slug)
+        and (rec["experiment"], rec["row"], rec.get("profile")) == (experiment, row, "paper")
+        and status_of(rec).kind == "ok"
+        and not rec.get("variant")
+        and isinstance((rec.get("metrics") or {}).get(key), (int, float))
+    ]
+    return max(found, key=lambda r: str(r.get("finished") or "")) if found else None
+
+
+def machine(key: str) -> Machine:
+    """MACHINES[key], its rates replaced by what a lent GPU of that kind measured where one has (its latest
+    bench-link record at `paper`: the matmuls, attention, each direction of PCIe alone, the host's triad)."""
+    from suite.records.store import machine_of
+
+    spec = MACHINES[key]
+    rec = _latest("bench-link", "block", SLUGS[key], "h2d_gbps")
+    if rec is None:
+        return spec
+    m = rec["metrics"]
+    where = f"measured: bench-link on {machine_of(rec)}, {str(rec.get('finished'))[:10]}"
+    return dataclasses.replace(
+        spec,
+        gemm_tflops=m["gemm_tflops"],
+        attention_tflops=m["attention_tflops"],
+        h2d_gbps=m["h2d_gbps"],
+        d2h_gbps=m["d2h_gbps"],
+        host_gbps=m["triad_gbps"],
+        sources={**spec.sources, "gemm": where, "link": where, "host": where},
+    )
 
 
 @dataclass
@@ -104,8 +154,8 @@ def layer_sizes(run) -> list[int]:
     return [sum(p.numel() for _, p in model.layer_named_parameters(i)) for i in range(model.num_layers)]
 
 
-def project(run, machine: Machine, sizes: list[int] | None = None) -> Roofline:
-    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `machine`."""
+def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
+    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `spec`."""
     from suite.core import registry
 
     sizes = layer_sizes(run) if sizes is None else sizes
@@ -114,8 +164,13 @@ def project(run, machine: Machine, sizes: list[int] | None = None) -> Roofline:
     opts = cls.resolved_options(run)
     samples, m = run.batch_size, run.model.resolved()
     flops = per_sample(run, cls.recomputes(run))
-    compute = samples * flops["hardware_flops_per_sample"] / (machine.gemm_tflops * 1e12)
-    h2d_bps, d2h_bps, host_bps = machine.h2d_gbps * 1e9, machine.d2h_gbps * 1e9, machine.host_gbps * 1e9
+    # Attention's share of the hardware FLOPs (each block's 4 S^2 H a forward, three forwards' worth and a
+    # recompute's), at its own rate; the rest are matmuls
+    forwards = 4 if flops["hardware_flops_per_sample"] > flops["flops_per_sample"] else 3
+    attention = samples * m.layers * 4 * run.seq_len**2 * m.hidden * forwards
+    matmuls = samples * flops["hardware_flops_per_sample"] - attention
+    compute = matmuls / (spec.gemm_tflops * 1e12) + attention / (spec.attention_tflops * 1e12)
+    h2d_bps, d2h_bps, host_bps = spec.h2d_gbps * 1e9, spec.d2h_gbps * 1e9, spec.host_gbps * 1e9
     w = WIRE[run.precision]
     if run.method in ("l2l", "l2l-cmp"):
         if opts["overlap"] != "on":
@@ -138,7 +193,7 @@ def project(run, machine: Machine, sizes: list[int] | None = None) -> Roofline:
         tail = n * HOST_UPDATE["adamw"] / host_bps  # the optimizer after the backward, in series
         step = max(busy["compute"], busy["upload"], busy["download"]) + tail
     elif run.method in ("amp", "ag"):
-        tail = n * DEVICE_UPDATE / (machine.device_gbps * 1e9)
+        tail = n * DEVICE_UPDATE / (spec.device_gbps * 1e9)
         up = down = 0
         busy = {"compute": compute, "upload": 0.0, "download": 0.0, "host": 0.0}
         step = compute + tail
@@ -160,28 +215,15 @@ def project(run, machine: Machine, sizes: list[int] | None = None) -> Roofline:
 
 
 def _measured(ref: dict | None) -> tuple[float | None, str]:
-    """The tokens a second of the record `ref` names (a machine's slug prefix, an experiment and a row; its latest
-    finished record), and what it is."""
+    """The tokens a second of the record `ref` names (a machine's slug prefix, an experiment and a row), and what
+    it is."""
     if not ref:
         return None, "none: a projection only"
-    from pathlib import Path
+    from suite.records.store import machine_of
 
-    from suite.config.paths import RESULTS_DIR
-    from suite.records.schema import status_of
-    from suite.records.store import all_records, machine_of
-
-    found = [
-        rec
-        for rec in all_records(Path(RESULTS_DIR))
-        if machine_of(rec).startswith(ref["machine"])
-        and (rec["experiment"], rec["row"], rec.get("profile")) == (ref["experiment"], ref["row"], "paper")
-        and status_of(rec).kind == "ok"
-        and not rec.get("variant")
-        and isinstance((rec.get("metrics") or {}).get("tokens_per_s"), (int, float))
-    ]
-    if not found:
+    rec = _latest(ref["experiment"], ref["row"], ref["machine"], "tokens_per_s")
+    if rec is None:
         return None, f"no {ref['machine'].rstrip('-')} record of {ref['experiment']}/{ref['row']} yet"
-    rec = max(found, key=lambda r: str(r.get("finished") or ""))
     return rec["metrics"]["tokens_per_s"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}"
 
 
@@ -189,10 +231,10 @@ def roofline_cell(run, device, cap) -> dict:
     """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key) and the record the
     projection is held to, if any."""
     p = run.options["projection"]
-    machine = MACHINES[p["machine"]]
-    out = project(run, machine)
+    spec = machine(p["machine"])
+    out = project(run, spec)
     ref, what = _measured(p.get("reference"))
-    peak = peak_tflops(machine.gpu, run.precision)
+    peak = peak_tflops(spec.gpu, run.precision)
     tflops = out.flops / out.step_s / 1e12
     return {
         "tokens_per_s": out.tokens_per_s,
@@ -210,6 +252,6 @@ def roofline_cell(run, device, cap) -> dict:
         "reference": ref,
         "reference_of": what,
         "error": (out.tokens_per_s - ref) / ref if ref else None,
-        "device_spec": machine.name,
-        "assumptions": machine.sources,
+        "device_spec": spec.name,
+        "assumptions": spec.sources,
     }

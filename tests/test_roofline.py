@@ -22,7 +22,8 @@ def _run(method, precision="bf16", options=None, micro_batches=4, layers=4, **kw
 
 
 L2L = {"overlap": "on", "stash": "gpu"}
-FAST = roofline.Machine("test", "NVIDIA H100 80GB HBM3", 1e-6, 1.0, 1.0, 10.0, 100.0)  # a slow device: compute-bound
+# A slow device: compute-bound
+FAST = roofline.Machine("test", "NVIDIA H100 80GB HBM3", 1e-6, 1e-6, 1.0, 1.0, 10.0, 100.0)
 
 
 def test_l2l_uploads_each_layer_once_and_again_below_its_slots():
@@ -45,9 +46,9 @@ def test_the_limit_is_the_busiest_resource_and_the_step_at_least_it():
     """On a fast link and host the device's compute bounds L2L-CMP; on a slow link, its uploads; FSDP2's offload
     gathers the FP32 shards at every micro-batch's forward and backward; AMP moves nothing over PCIe."""
     run = _run("l2l-cmp", options=L2L)
-    fast = roofline.project(run, roofline.Machine("t", "H100", 1.0, 1e3, 1e3, 1e3, 1e3))
+    fast = roofline.project(run, roofline.Machine("t", "H100", 1.0, 1.0, 1e3, 1e3, 1e3, 1e3))
     assert fast.bound == "compute" and fast.step_s >= fast.compute_s
-    slow = roofline.project(run, roofline.Machine("t", "H100", 1e3, 1e-3, 1e3, 1e3, 1e3))
+    slow = roofline.project(run, roofline.Machine("t", "H100", 1e3, 1e3, 1e-3, 1e3, 1e3, 1e3))
     assert slow.bound == "upload" and slow.step_s >= slow.h2d_s
     n = slow.parameters
     fsdp = roofline.project(_run("fsdp-offload", options={"recompute": "on"}), FAST)
@@ -67,3 +68,18 @@ def test_the_roofline_table_projects_every_row_that_fits():
     fits = [r.name for r in decoder_8b.rows("paper") if r.name not in ("8b-amp", "7b-amp")]
     assert [r.name for r in rows] == [f"{m}-{name}" for m in roofline.MACHINES for name in fits]
     assert all(r.projection["reference"]["row"] == r.name.split("-", 1)[1] for r in rows)
+
+
+def test_a_lent_gpus_measured_rates_replace_the_assumed_ones(monkeypatch):
+    """Once a GPU of a kind has a bench-link record, that kind's roofline takes its matmul, attention, PCIe and
+    host rates, and says where they come from; the assumptions stand where none has."""
+    assert roofline.machine("h100") == roofline.MACHINES["h100"]
+    figures = dict(gemm_tflops=650.0, attention_tflops=420.0, h2d_gbps=53.0, d2h_gbps=51.0, triad_gbps=88.0)
+    record = {"machine": {"slug": "h100-79gb"}, "finished": "2026-12-01T10:00:00", "metrics": figures}
+    monkeypatch.setattr(roofline, "_latest", lambda *a: record if a[:2] == ("bench-link", "block") else None)
+    spec = roofline.machine("h100")
+    assert (spec.gemm_tflops, spec.attention_tflops, spec.h2d_gbps, spec.d2h_gbps, spec.host_gbps) == (
+        650.0, 420.0, 53.0, 51.0, 88.0
+    )  # fmt: skip
+    assert spec.sources["link"].startswith("measured: bench-link on h100-79gb, 2026-12-01")
+    assert spec.device_gbps == roofline.MACHINES["h100"].device_gbps  # not measured: still assumed

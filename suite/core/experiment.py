@@ -297,6 +297,7 @@ EXPERIMENTS = Catalogue(
             ("decoder-8b-roofline", "decoder_8b_roofline"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
+            ("bench-link", "benchmarks.link"),
             ("bench-l2l-host-step", "benchmarks.l2l_host_step"),
             ("bench-pipeline", "benchmarks.pipeline_vs_torch"),
         )

@@ -51,6 +51,7 @@ KINDS = Catalogue(
             "bench-host-optim",
             CellKind("experiments.benchmarks.host_optim:host_optim_cell", builds_method=False, watched=True),
         ),
+        ("bench-link", CellKind("experiments.benchmarks.link:link_cell", builds_method=False, watched=True)),
         ("bench-l2l-host-step", CellKind("experiments.benchmarks.l2l_host_step:host_step_cell", watched=True)),
         ("bench-pipeline", CellKind("experiments.benchmarks.pipeline_vs_torch:pipeline_bench_cell", watched=True)),
     ],
