@@ -87,3 +87,21 @@ def test_bad_model_config_errors_name_the_choices():
         ModelConfig(pooling="max").resolved()
     with pytest.raises(ConfigError, match="family='bert' only"):
         ModelConfig(family="gpt2", pooling="mean").resolved()
+
+
+@pytest.mark.parametrize(
+    "preset,family", [("tiny", "bert"), ("tiny", "bert-mlm"), ("tiny", "gpt2"), ("llama-tiny", "llama")]
+)
+def test_hugging_faces_init_alone_draws_every_parameter(preset, family):
+    """model.init=hf skips torch's default init (its parameters NaN until Hugging Face's init draws over them): every
+    parameter is then drawn, from the same distributions as the full init (each tensor's spread within a tenth), in
+    other bits, and the same bits from the same seed. The default leaves a config's key as it was."""
+    from suite.config.run import RunConfig
+    from suite.harness.model import build_model
+
+    full, hf, again = (build_model(ModelConfig(preset=preset, family=family, init=i), 0) for i in ("full", "hf", "hf"))
+    for (name, a), b, c in zip(full.hf.named_parameters(), hf.hf.parameters(), again.hf.parameters()):
+        assert torch.isfinite(b).all() and torch.equal(b, c), name
+        assert float(b.detach().std()) == pytest.approx(float(a.detach().std()), rel=0.1, abs=1e-6), name
+    assert any(not torch.equal(a, b) for a, b in zip(full.hf.parameters(), hf.hf.parameters()))
+    assert "init" not in RunConfig(model=ModelConfig(preset=preset, family=family)).to_dict()["model"]

@@ -20,6 +20,7 @@ SCHEDULES = ("constant", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 FAMILIES = ("bert", "bert-mlm", "gpt2", "llama")  # suite.harness.families.FAMILIES holds their implementations
 POOLINGS = ("cls", "mean")  # what BERT's pooler reads (ModelConfig.pooling)
+INITS = ("full", "hf")  # a random init's draws (ModelConfig.init)
 
 LLAMA = dict(family="llama", vocab_size=128256, dropout=0.0, attention_dropout=0.0)
 # What a preset with a family sets whenever the config leaves it at its default.
@@ -69,6 +70,10 @@ class ModelConfig:
     # Tokens whose LM-head logits are made at a time in training (llama): None decides by size (chunks of
     # suite.harness.families.lm.LOSS_CHUNK once a micro-batch's FP32 logits would pass LOGITS_BYTES), 0 never.
     loss_chunk: int | None = None
+    # A random init's draws: "full" (torch's default init of each layer, then Hugging Face's over it: the bits every
+    # earlier record was built from) or "hf" (Hugging Face's alone: the same distributions and half the draws of
+    # the host's serial generator, other bits; Llama 3 8B's build takes about half as long).
+    init: str = "full"
 
     def resolved(self) -> "ModelConfig":
         """Fill every size from the preset; explicit values win."""
@@ -112,6 +117,8 @@ class ModelConfig:
         for k in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(out, k) < 1.0:
                 raise ConfigError(f"model.{k} must be in [0, 1), got {getattr(out, k)}")
+        if out.init not in INITS:
+            raise ConfigError(f"model.init={out.init!r} is not one of {list(INITS)}{did_you_mean(out.init, INITS)}")
         if out.loss_chunk is not None and (out.loss_chunk < 0 or out.family != "llama"):
             raise ConfigError(
                 f"model.loss_chunk={out.loss_chunk} must be tokens >= 0 (0: never chunked) on model.family='llama'"
@@ -190,6 +197,8 @@ class RunConfig:
         for k in ("kv_heads", "loss_chunk"):  # likewise
             if d["model"][k] is None:
                 del d["model"][k]
+        if d["model"]["init"] == "full":  # likewise
+            del d["model"]["init"]
         if "family" in PRESETS.get(self.model.preset, {}):  # what the preset sets, as it resolves
             m = self.model.resolved()
             d["model"].update({k: getattr(m, k) for k in FAMILY_DEFAULTS})

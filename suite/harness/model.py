@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -235,10 +236,33 @@ def _build(cfg: ModelConfig, seed: int) -> LayeredModel:
     cfg = cfg.resolved()
     family = FAMILIES[cfg.family]
     torch.manual_seed(seed)  # random init, or the new head of a pretrained model
-    hf = family.build(cfg, ATTN_IMPL)
+    with _hf_init_only() if cfg.init == "hf" and not cfg.pretrained else contextlib.nullcontext():
+        hf = family.build(cfg, ATTN_IMPL)
     _keyed_dropouts(hf)
     hf.train()
     return LayeredModel(hf, cfg, family)
+
+
+@contextlib.contextmanager
+def _hf_init_only():
+    """torch's default init of linear, embedding and norm layers skipped (their parameters filled with NaN instead,
+    which Hugging Face's init then draws over): model.init="hf". A parameter Hugging Face's init left alone would
+    stay NaN, and its first step would fail on a non-finite loss."""
+    skipped = (nn.Linear, nn.Embedding, nn.LayerNorm)
+    saved = [(cls, cls.reset_parameters) for cls in skipped]
+
+    def nan(self):
+        with torch.no_grad():
+            for p in self.parameters(recurse=False):
+                p.fill_(float("nan"))
+
+    try:
+        for cls in skipped:
+            cls.reset_parameters = nan
+        yield
+    finally:
+        for cls, fn in saved:
+            cls.reset_parameters = fn
 
 
 def plain_copy(model: LayeredModel, attn_implementation: str = "sdpa") -> nn.Module:
