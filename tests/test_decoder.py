@@ -54,6 +54,7 @@ def test_the_8b_table_runs_each_method_at_both_shapes_and_the_truncated_pair():
     assert paper["7b-l2l-cmp-lamb"].optimizer == "lamb" and paper["8b-fsdp"].method == "fsdp-offload"
     assert paper["8b-8l-amp"].model.layers == paper["8b-8l-l2l-cmp-cache"].options["block_slots"] == 8
     assert paper["7b-amp"].model.resolved().kv_heads is None  # multi-head attention
+    assert {r.model.init for r in paper.values()} == {"hf"}  # half the build's draws
     tiny = {c.row.name for c in decoder_8b.EXPERIMENT.cells("tiny")}
     assert tiny == set(paper) - {"8b-8l-amp", "8b-8l-l2l-cmp-cache"} | {"8b-2l-amp", "8b-2l-l2l-cmp-cache"}
 
@@ -104,3 +105,27 @@ def test_the_largest_micro_batch_is_the_one_whose_next_does_not_hold():
     n, searched = m["max_micro_batch"], m["searched"]
     assert n >= 1 and searched[str(n + 1)] == "device oom" and m["memory_gb"] * 1e9 <= 6e6
     assert m["tokens_per_micro_batch"] == 32 * n
+
+
+def test_an_8b_cell_measures_its_rounds_in_the_process_that_built_its_model(monkeypatch):
+    """Llama 3 8B's FP32 build takes minutes of the host's serial generator, and the host holds one copy of it: each
+    timed decoder-8b cell builds its model once and measures its three rounds of two steps there, each round its
+    own figure in the record (the sweep's merge keeps them apart, and adds another process's rounds to them)."""
+    import torch
+
+    from experiments import decoder_8b
+    from suite.core import check
+    from suite.core.cell import throughput_rounds_cell
+    from suite.core.rounds import merge
+
+    (cell,) = decoder_8b.EXPERIMENT.cells("tiny", ["8b-2l-amp"], ["steps=1"])
+    assert cell.kind == "throughput-rounds" and cell.run.options["rounds_inside"] == decoder_8b.ROUNDS == 3
+    assert {c.kind for c in decoder_8b.EXPERIMENT.cells("paper")} == {"throughput-rounds"}
+    builds, build = [], check.build_method
+    monkeypatch.setattr(check, "build_method", lambda *a: builds.append(1) or build(*a))
+    m = throughput_rounds_cell(cell.run, torch.device("cpu"), None)
+    assert len(builds) == 1 and len(m["throughput_rounds"]) == 3 and m["timed_steps"] == 3
+    assert min(m["throughput_rounds"]) <= m["throughput"] <= max(m["throughput_rounds"])
+    one = {"status": "ok", "metrics": m, "provenance": {"code": "x"}}
+    assert merge([one], 1)["rounds"] == 3 and merge([one], 1)["metrics"]["throughput_rounds"] == m["throughput_rounds"]
+    assert merge([one, one], 2)["rounds"] == 6

@@ -48,9 +48,32 @@ def cell_options(cls, run, what: str):
 
 def throughput_cell(run, device, cap) -> dict:
     """Synthetic batches through the method: median step time, device and host memory peaks."""
+    from suite.measure.step import measure
+
+    method, batches = _method_and_batches(run, device)
+    return _figures(method, run, device, measure(method, batches, run.warmup, run.steps, device, cap).summary())
+
+
+def throughput_rounds_cell(run, device, cap) -> dict:
+    """throughput_cell's measurement run.options["rounds_inside"] times over one build of the method: one warm-up,
+    then that many rounds of run.steps timed steps, each round's figures a round of the record (merged here as
+    suite.core.rounds merges rounds of separate processes; the sweep's merge keeps them apart). For a model whose
+    build takes minutes of the host and of which the host holds one copy only (Llama 3 8B: 32 GB of FP32 made by a
+    serial generator), where a process a round would spend its loan building."""
+    from suite.core.rounds import merge
+    from suite.measure.step import measure
+
+    method, batches = _method_and_batches(run, device)
+    rounds = []
+    for r in range(run.options["rounds_inside"]):
+        m = measure(method, batches, run.warmup if r == 0 else 0, run.steps, device, cap).summary()
+        rounds.append({"status": "ok", "metrics": _figures(method, run, device, m), "provenance": None})
+    return merge(rounds, len(rounds))["metrics"]
+
+
+def _method_and_batches(run, device):
     from suite.core.check import build_method
     from suite.harness.data import synthetic_batches
-    from suite.measure.step import measure
 
     method = build_method(run, device)
     batches = synthetic_batches(run)
@@ -59,7 +82,12 @@ def throughput_cell(run, device, cap) -> dict:
         # pipeline's stages all see the whole minibatch.
         rank, world = int(os.environ.get("RANK", 0)), run.ranks
         batches = (b.shard(rank, world) for b in batches)
-    m = measure(method, batches, run.warmup, run.steps, device, cap).summary()
+    return method, batches
+
+
+def _figures(method, run, device, m: dict) -> dict:
+    """A measurement's summary with what a throughput cell adds: each rank's memory, the whole minibatch's rate
+    across ranks, and on CUDA the achieved TFLOPS and MFU."""
     m.update(rank_memory(m["device_peak_allocated"]))
     if run.ranks > 1:  # rank 0 timed its share; the cell's throughput is the whole minibatch's
         m["throughput_per_rank"] = m["throughput"]

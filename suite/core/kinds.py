@@ -30,6 +30,7 @@ KINDS = Catalogue(
     "cell kind",
     [
         ("throughput", CellKind("suite.core.cell:throughput_cell", timed=True)),
+        ("throughput-rounds", CellKind("suite.core.cell:throughput_rounds_cell", timed=True)),
         ("count", CellKind("suite.core.cell:count_cell", one_process=True, on_host=True)),
         ("finetune", CellKind("suite.tasks.finetune:finetune_cell")),
         ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),

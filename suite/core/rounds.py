@@ -33,11 +33,13 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
     last = rounds[-1]
     if last["status"] != "ok" and not ok:
         return dict(last, rounds=0)
-    record = dict(ok[0], metrics=dict(ok[0]["metrics"]), rounds=len(ok))
+    # A process that measured several rounds itself (suite.core.cell.throughput_rounds_cell) brings them each
+    inside = [len(r["metrics"].get("throughput_rounds") or [None]) for r in ok]
+    record = dict(ok[0], metrics=dict(ok[0]["metrics"]), rounds=sum(inside))
     m = record["metrics"]
     for key in RATES:
-        values = [r["metrics"][key] for r in ok if isinstance(r["metrics"].get(key), (int, float))]
-        if len(values) == len(ok):
+        values = [v for r in ok for v in _rounds_of(r["metrics"], key)]
+        if len(values) == sum(inside):
             m[key] = statistics.median(values)
             m[f"{key}_rounds"] = values
     times = [r["metrics"]["step_time_median"] for r in ok if "step_time_median" in r["metrics"]]
@@ -65,6 +67,14 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
         # Kept so that a later call (a GPU campaign stage cut at its deadline) resumes the remaining rounds.
         record["round_records"] = [{k: r.get(k) for k in ROUND_FIELDS} for r in ok]
     return record
+
+
+def _rounds_of(metrics: dict, key: str) -> list:
+    """A round's figure for `key`, or the figures of the rounds a process measured itself; [] where it has none."""
+    inside = metrics.get(f"{key}_rounds")
+    if isinstance(inside, list):
+        return inside
+    return [metrics[key]] if isinstance(metrics.get(key), (int, float)) else []
 
 
 ROUND_FIELDS = ("status", "metrics", "provenance", "duration_s")
