@@ -259,3 +259,30 @@ def test_a_host_benchmark_costs_what_another_machine_took_until_the_target_ran_i
     (folder / f"{cell.key}.json").write_text(json.dumps(rec))
     (line,) = estimate(stages, "h100", results_dir=tmp_path)
     assert line.seconds == 23.5 and line.source.startswith("its record on cpu-test (2 cores")
+
+
+def test_an_8b_cell_costs_one_build_and_its_rounds_at_its_roofline_and_a_host_past_the_target_is_not_run(tmp_path):
+    """decoder-8b on an H100 with no record of its own: each L2L-CMP cell costs a fresh start, the build of its
+    model at half the draws (Hugging Face's init alone) and one warm-up with three rounds of steps, each at its
+    roofline's step; FSDP2's offload, whose 16 bytes a parameter pass the target's host less its reserve, is
+    recorded past its cap without running."""
+    from methods import roofline
+    from suite.commands.estimate import CostTable
+    from suite.core.runner import HOST_RESERVE
+
+    env = tmp_path / "campaign" / "h100-test" / "environment.json"
+    env.parent.mkdir(parents=True)
+    env.write_text(json.dumps({"machine": {"cpu": {"ram_bytes": 126 * 2**30}}, "versions": {}}))
+    _record(tmp_path, get_experiment("table2").cells("paper", ["baseline-fp32"])[0], 2.0, 1, 16.0 + 6.0)
+    rows = ("8b-l2l-cmp", "8b-fsdp")
+    stages = {6: Stage("t", sweeps=(Sweep("decoder-8b", only=rows, fresh=True),))}
+    lines = {ln.what: ln for ln in estimate(stages, "h100", worker=False, results_dir=tmp_path)}
+    (cell, _) = get_experiment("decoder-8b").cells("paper", list(rows), ["device=cuda"], None)
+    table = CostTable("h100", tmp_path)
+    step = roofline.project(cell.run, roofline.machine("h100")).step_s
+    l2l = lines["decoder-8b/8b-l2l-cmp"]
+    assert l2l.source == "own process; steps its roofline on h100 (compute-bound)" and l2l.rounds == 1
+    build = table.build(param_count(cell.run.model), "hf")
+    assert build == pytest.approx(table.build(param_count(cell.run.model)) / 2)
+    assert l2l.seconds == pytest.approx(table.start() + build + (1 + 3 * 2) * step)
+    assert lines["decoder-8b/8b-fsdp"].decision == "past its cap" and 126 * 2**30 - HOST_RESERVE < 16 * 8.03e9

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from suite.commands.campaign.stages import STAGES
-from suite.commands.estimate import estimate
+from suite.commands.estimate import DEFAULT_RAM, estimate
 from suite.core import precount, registry, runner
 from suite.core.experiment import get_experiment
 from suite.core.recorder import Recorder
@@ -45,6 +45,8 @@ def _seed(results_dir, monkeypatch, stage):
     env.parent.mkdir(parents=True)
     machine = {"torch": torch_v, "transformers": transformers_v}
     env.write_text(json.dumps({"machine": machine, "versions": {"deepspeed": None}}))
+    # The runner's host, as the estimate takes the target's where its report does not say (the host-memory refusal)
+    monkeypatch.setattr(runner.host, "ram_bytes", lambda: DEFAULT_RAM)
     for name in registry.names():
         cls = registry.get(name)
         if "deepspeed" in cls.requires:

@@ -4,8 +4,10 @@ Which cells run, and how many rounds, is not decided here: each stage's sweep is
 (suite.core.plan) from the target's records, with what the target lacks and its stored counts; a cell the plan
 settles without running (reused, a twin's, not run, past its cap, complete) costs nothing, and this module prices
 the rest. A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
-- the step time is the target machine's own record of the cell where one was measured (`measured`), else the
-  model's training FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
+- the step time is the target machine's own record of the cell where one was measured (`measured`), else, where
+  the target has no record of the cell's table in its precision, a decoder's (Llama's) step by its method's roofline
+  on the target's kind where it has one (methods/roofline.py: L2L, FSDP2's offload, AMP, AG), else the training
+  FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
   (`flops`), else at the median of its records of the same table in the same precision (its shapes: sequence and
   micro-batch), else of all its records in that precision (an FP32 peer is costed like the FP32 methods, not at the
   mixed-precision methods' utilisation of a 15x higher peak), else at the median of all its records;
@@ -18,8 +20,10 @@ the rest. A cell-round's cost is its timed part, (warm-up + timed steps) x step 
   (suite.harness.model.pool_limit); the worker's own start is paid once a stage (each stage is one command on a
   lent GPU, and so one worker). Both come from the
   fresh-process overhead the target's records show (their duration per round less their timed part), fitted as a
-  fixed part (imports, CUDA's context) plus a part per parameter (the build) by least squares over the model
-  sizes they ran at (one size: all of it per parameter); a cell in its own process (several ranks, an expected
+  fixed part (imports, CUDA's context) plus a part per parameter (the build, the host generator's draws: half of it
+  under Hugging Face's init alone, model.init=hf) by least squares over the model sizes they ran at (one size: all
+  of it per parameter); a cell measuring several rounds in the process that built its model pays its warm-up once
+  and each round's timed steps; a cell in its own process (several ranks, an expected
   OOM, a benchmark) pays that whole overhead every round;
 - a cell the target machine recorded `oom` costs what that record took; a sweep's counts of its capped cells
   COUNTS_S, less the share stored before for the target (suite.core.precount), whose verdicts it then takes;
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from suite.config import paths
-from suite.core import precount
+from suite.core import precount, runner
 from suite.core.experiment import Cell
 from suite.core.plan import COMPLETE, PAST_CAP, REUSED, RUNS, TWIN, Decision, Plan, expand, plan
 from suite.core.registry import get as get_method
@@ -74,7 +78,9 @@ class Line:
 
 
 def _timed(cell: Cell) -> int:
-    return cell.run.warmup + cell.run.steps
+    """The steps a cell-round runs: its warm-up, then its timed steps (times the rounds it measures in the process
+    that built its model, suite.core.cell.throughput_rounds_cell)."""
+    return cell.run.warmup + cell.run.options.get("rounds_inside", 1) * cell.run.steps
 
 
 def _step_time(rec: Record | None) -> float | None:
@@ -115,7 +121,8 @@ class CostTable:
         target = env.get("machine") or {}
         self.results_dir = results_dir
         self.precount_as = (code_digest(), target["torch"], target.get("transformers")) if target.get("torch") else None
-        self.pool_limit = pool_limit((target.get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM)
+        self.ram = (target.get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM
+        self.pool_limit = pool_limit(self.ram)
         self.peak_name = PEAK_OF.get(device, device)
         overheads, self.mfu_by_method, self.mfu_by_precision, self.mfu_by_table = [], {}, {}, {}
         for r in recs:
@@ -152,6 +159,9 @@ class CostTable:
         rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
         if _step_time(rec) is not None:
             return _step_time(rec), "measured"
+        # No record of its own table's shapes: their roofline, before the utilisation of other tables' shapes
+        if not self.mfu_by_table.get((cell.experiment, cell.run.precision)) and (projected := self.roofline(cell)):
+            return projected
         mfu, whose = self.mfu_all, "all methods"
         for mfus, name in (
             (self.mfu_by_method.get(cell.run.method), cell.run.method),
@@ -167,6 +177,19 @@ class CostTable:
         peak = flops.peak_tflops(self.peak_name, cell.run.precision) or flops.peak_tflops(self.peak_name, "fp32")
         per_step = flops.per_sample(cell.run)["hardware_flops_per_sample"] * cell.run.batch_size
         return per_step / (peak * 1e12 * mfu), f"flops at {100 * mfu:.1f}% MFU ({whose})"
+
+    def roofline(self, cell: Cell) -> tuple[float, str] | None:
+        """The step of `cell` projected by its method's roofline on the target's kind (methods/roofline.py: its rates a
+        lent GPU's bench-link record where one was made, else stated assumptions); None where there is none."""
+        from methods import roofline
+
+        if self.device not in roofline.MACHINES or cell.run.model.resolved().family != "llama":
+            return None  # its rates are a decoder block's at thousands of tokens
+        try:
+            out = roofline.project(cell.run, roofline.machine(self.device))
+        except ValueError:  # a method (or setting) the roofline does not model
+            return None
+        return out.step_s, f"its roofline on {self.device} ({out.bound}-bound)"
 
     def precounted(self, cell: Cell) -> dict | None:
         """The count stored for the target (suite.core.precount) that its sweep will take instead of counting."""
@@ -185,12 +208,19 @@ class CostTable:
         return not get_method(cell.run.method).count_allowance(cell.run) or "count_allowance_gb" in rec["metrics"]
 
     def past_cap(self, cells: list[Cell]) -> dict[str, Outcome]:
-        """The plan's counts on the target: an `oom` outcome for each capped cell a count puts past its cap."""
+        """The plan's counts on the target: an `oom` outcome for each capped cell a count puts past its cap, or whose
+        host need (a count's host peak, a peer's offload) passes the target's host, as the runner's will
+        (suite.core.runner.counted_past_cap)."""
         out = {}
         for c in precount.capped(cells):
+            by = "a stored precount" if self.precounted(c) is not None else "a count record"
             if self.counted_past_cap(c):
-                by = "a stored precount" if self.precounted(c) is not None else "a count record"
                 out[c.key] = failed("oom", f"counted past its cap ({by}): not run")
+                continue
+            count = self.precounted(c) or self.counted.get((c.experiment, c.row.name, "paper")) or {}
+            need = runner.host_need(c, count)
+            if need and need > self.ram - runner.HOST_RESERVE:
+                out[c.key] = failed("oom", f"counted past the target's host ({need / 2**30:.0f} GiB): not run")
         return out
 
     def absent(self, cell: Cell) -> str | None:
@@ -208,18 +238,19 @@ class CostTable:
         rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
         return rec.get("duration_s") if rec and rec["status"] == "oom" else None
 
-    def fresh_overhead(self, params: int) -> float:
+    def fresh_overhead(self, params: int, init: str = "full") -> float:
         """A fresh process's start and its build of a model of `params` parameters."""
-        return self.start() + self.build(params)
+        return self.start() + self.build(params, init)
 
     def start(self) -> float:
         """The part of a fresh process's start that does not grow with the model (imports, CUDA's context)."""
         return self.overhead[0] if self.overhead else 0.0
 
-    def build(self, params: int) -> float:
-        """The part of a fresh process's start that grows with the model: what the worker pays for a new shape."""
+    def build(self, params: int, init: str = "full") -> float:
+        """The part of a fresh process's start that grows with the model: what the worker pays for a new shape. Taken
+        as the host generator's draws, which Hugging Face's init alone (model.init=hf) halves."""
         _, per_param = self.overhead or (0.0, DEFAULT_OVERHEAD_S / BERT_LARGE_PARAMS)
-        return per_param * params
+        return per_param * params * (0.5 if init == "hf" else 1.0)
 
 
 BERT_LARGE_PARAMS = 335_000_000  # where the target has no record: DEFAULT_OVERHEAD_S was its fresh processes' start
@@ -414,13 +445,13 @@ def _sweep_lines(number: int, p: Plan, table: CostTable, pool: dict) -> list[Lin
             step, src = table.step(cell)
             params = _params(cell.run)
             if p.grouped and pooled(cell):
-                build = table.build(params) if shape_of(cell) != pool["shape"] else 0.0
+                build = table.build(params, cell.run.model.init) if shape_of(cell) != pool["shape"] else 0.0
                 pool["shape"] = shape_of(cell) if 4 * params <= table.pool_limit else None  # built in FP32
                 start = 0.0 if pool["started"] else table.start()
                 pool["started"] = True
                 cost, how = _timed(cell) * step + WORKER_CELL_S + build + start, "worker"
             else:
-                cost, how = _timed(cell) * step + table.fresh_overhead(params), "own process"
+                cost, how = _timed(cell) * step + table.fresh_overhead(params, cell.run.model.init), "own process"
             line = out[f"{cell.experiment}/{cell.row.name}"]
             line.seconds += cost
             line.source = line.source or f"{how}; steps {src}"

@@ -37,6 +37,7 @@ class Sweep:
     only: tuple[str, ...] | None = None
     dry_only: tuple[str, ...] = ()
     dry_set: tuple[str, ...] = ()
+    fresh: bool = False  # every cell in a process of its own, never the worker's (a model that fills the host)
 
     def request(
         self,
@@ -61,7 +62,7 @@ class Sweep:
             results_dir=results_dir,
             rounds=1 if dry else rounds,
             deadline=deadline,
-            worker=worker,
+            worker=worker and not self.fresh,
             precount=True,
         )
 
@@ -124,6 +125,21 @@ STAGES = {
                 only=tuple(f"{size}-{m}-80GB" for size in ("1b", "3b") for m in ("amp", "l2l-cmp", "fsdp")),
                 dry_only=("1b-l2l-cmp-80GB",),
                 dry_set=("model.preset=llama-tiny", "seq_len=32"),
+            ),
+        ),
+    ),
+    6: Stage(
+        "Llama 3 8B on one GPU: the roofline's rates (bench-link); L2L-CMP at 8B, and at 8 of its layers beside AMP "
+        "resident, each cell 3 rounds of 2 steps in the process that built its model; FSDP2's offload at 8B, refused "
+        "by its count where its host need passes this host's",
+        sweeps=(
+            Sweep("bench-link", dry_only=("block",)),
+            Sweep(
+                "decoder-8b",
+                only=("8b-8l-amp", "8b-8l-l2l-cmp-cache", "8b-l2l-cmp", "8b-fsdp"),
+                dry_only=("8b-2l-amp", "8b-2l-l2l-cmp-cache", "8b-l2l-cmp"),
+                dry_set=("steps=1",),
+                fresh=True,
             ),
         ),
     ),
