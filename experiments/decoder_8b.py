@@ -105,6 +105,7 @@ EXPERIMENT = OneBuild(
         Metric("throughput", "samples/s", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("memory_gb", "device peak", unit="GB", ratio=False, paper=False),
         Metric("host_peak_gb", "host peak", unit="GB", ratio=False, paper=False),
+        Metric("pcie_gb", "PCIe a step (GB)", "{:.3g}", ratio=False, paper=False),
     ],
     label_columns=["model", "method"],
     baseline="8b-8l-amp",
@@ -120,6 +121,9 @@ EXPERIMENT = OneBuild(
         "a parameter here (FP32 master, AdamW's two moments, the 16-bit copy the device loads; its gradients are "
         "applied as they land); FSDP2's offload about 16. Rows past the device's 80 GB (AMP at full depth) are "
         "counted `oom` and do not run. What offloading costs where AMP fits: the 8-layer rows' tokens a second, "
-        "one over the other, read within one sweep (no other row is a ratio to them: other shapes)."
+        "one over the other, read within one sweep (no other row is a ratio to them: other shapes). Each timed "
+        "cell builds its model once (Hugging Face's init alone) and measures 3 rounds of 2 steps there after one "
+        "warm-up. `PCIe a step`: the bytes L2L's relay copied in a timed step, both ways (its own tally: weights up, "
+        "gradients down); the rows' counted traffic and projected step are in decoder-8b-roofline."
     ),
 )

@@ -136,7 +136,12 @@ class Roofline:
     bound: str  # the busiest resource: "compute", "upload", "download" or "host"
     flops: float  # the step's model FLOPs (MFU's), beside the hardware FLOPs compute_s is made of
     parameters: int
-    pcie_bytes: int  # over PCIe a step, both ways
+    h2d_bytes: int  # over PCIe a step, up
+    d2h_bytes: int  # and down
+
+    @property
+    def pcie_bytes(self) -> int:
+        return self.h2d_bytes + self.d2h_bytes
 
     @property
     def tokens_per_s(self) -> float:
@@ -210,7 +215,8 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         bound=max(busy, key=busy.get),
         flops=samples * flops["flops_per_sample"],
         parameters=n,
-        pcie_bytes=up + down,
+        h2d_bytes=up,
+        d2h_bytes=down,
     )
 
 

@@ -83,3 +83,19 @@ def test_a_lent_gpus_measured_rates_replace_the_assumed_ones(monkeypatch):
     )  # fmt: skip
     assert spec.sources["link"].startswith("measured: bench-link on h100-79gb, 2026-12-01")
     assert spec.device_gbps == roofline.MACHINES["h100"].device_gbps  # not measured: still assumed
+
+
+@pytest.mark.parametrize("options", [L2L, {**L2L, "block_slots": 4}, {**L2L, "stash": "cpu"}])
+def test_l2l_copies_each_step_the_bytes_its_roofline_counts(options):
+    """What the relay copies in a step (its own tally, in its timeline) is what the roofline says L2L moves: every
+    layer up and the blocks below its slots again, every gradient down, the stashed inputs both ways."""
+    from suite.core.check import build_method
+    from suite.harness.data import synthetic_batches
+
+    run = _run("l2l-cmp", options=options)
+    method, batches = build_method(run), synthetic_batches(run)
+    for _ in range(2):  # the second step's tally is its own
+        method.step(next(batches))
+    timeline = method.timeline()
+    counted = roofline.project(run, FAST)
+    assert (timeline["h2d_bytes"], timeline["d2h_bytes"]) == (counted.h2d_bytes, counted.d2h_bytes)

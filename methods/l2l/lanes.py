@@ -80,6 +80,11 @@ class Lanes:
         self.cuda = device.type == "cuda"
         self.h2d = torch.cuda.Stream(device) if self.cuda else None
         self.d2h = torch.cuda.Stream(device) if self.cuda else None
+        self.moved = {"h2d": 0, "d2h": 0}  # bytes copied up and down so far: weights, gradients, stashed inputs
+
+    def tally(self, direction: str, tensor: torch.Tensor) -> None:
+        """Count `tensor`'s bytes as copied in `direction` ("h2d" or "d2h")."""
+        self.moved[direction] += tensor.numel() * tensor.element_size()
 
     @property
     def compute(self):
@@ -136,6 +141,7 @@ class Shipment:
     def __init__(self, lanes: Lanes, src: torch.Tensor, dst: torch.Tensor, work=None, traced: bool = False):
         self.lanes, self.src, self.dst, self.work = lanes, src, dst, work
         self.event = self.start = self.end = None  # start, end: marks of the copy when traced (CUDA)
+        lanes.tally("d2h", dst)  # copied exactly once, now (CUDA) or by whichever thread needs it first (CPU)
         self._lock = threading.Lock()
         self._done = False
         if lanes.cuda:

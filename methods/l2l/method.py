@@ -115,6 +115,7 @@ class L2L(Method):
         self.step_count = 0
         self._marks = None  # (start, end) of the last step on the trace's time base
         self._host = (0.0, 0.0, 0)  # prepare s, commit s, skipped prefetches as of the last timeline()
+        self._moved = {"h2d": 0, "d2h": 0}  # the copies' tally (Lanes.moved) when the last step began
 
     @contextlib.contextmanager
     def _span(self, kind: str, layer: int):
@@ -135,6 +136,7 @@ class L2L(Method):
         # single-rank gradient.
         denom = batch.size * self.world
         self.trace.clear()
+        self._moved = dict(self.lanes.moved)  # the copies counted from here are this step's
         start = self.lanes.mark()
         ctxs = [
             model.begin(mb.to(self.device, non_blocking=True), self.run.seed, self.step_count, denom)
@@ -217,11 +219,14 @@ class L2L(Method):
         now = (server.prepare_seconds, server.commit_seconds, self.relay.skipped_prefetches)
         prepare, commit, skipped = (a - b for a, b in zip(now, self._host))
         self._host = now
+        up, down = (lanes.moved[k] - self._moved[k] for k in ("h2d", "d2h"))
         return {
             **breakdown(mine, wall, (prepare + commit) * 1e3),
             "host_prepare_ms": prepare * 1e3,
             "host_commit_ms": commit * 1e3,
             "skipped_prefetches": skipped,
+            "h2d_bytes": up,  # the step's copies: weights and stashed inputs up, gradients and stashed inputs down
+            "d2h_bytes": down,
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -130,6 +130,7 @@ class DeviceRelay:
             lanes.wait(slot.free, lanes.h2d)  # no kernel still reads the weights being overwritten
             start = lanes.mark(lanes.h2d) if self.trace is not None else None
             copy_into(slot.flat, self.wire[layer], non_blocking=True)
+            lanes.tally("h2d", self.wire[layer])
             slot.loaded = lanes.record(lanes.h2d)
             if start is not None:
                 self.trace.append(("upload", layer, start, lanes.mark(lanes.h2d)))
@@ -213,6 +214,7 @@ class Stash:
             lanes.wait(self.uploaded.pop(key, None), lanes.d2h)
             start = lanes.mark(lanes.d2h) if self.trace is not None else None
             copy_into(buf, x, non_blocking=True)
+            lanes.tally("d2h", x)
             lanes.keep(x, lanes.d2h)
             self.downloaded[key] = lanes.record(lanes.d2h)
             if start is not None:
@@ -247,6 +249,7 @@ class Stash:
                 x = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)  # a real device copy, also on CPU
                 start = lanes.mark(lanes.h2d) if self.trace is not None else None
                 copy_into(x, buf, non_blocking=True)
+                lanes.tally("h2d", buf)
                 event = self.uploaded[key] = lanes.record(lanes.h2d)
                 if start is not None:
                     self.trace.append(("stash-up", layer, start, lanes.mark(lanes.h2d)))

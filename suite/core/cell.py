@@ -86,9 +86,13 @@ def _method_and_batches(run, device):
 
 
 def _figures(method, run, device, m: dict) -> dict:
-    """A measurement's summary with what a throughput cell adds: each rank's memory, the whole minibatch's rate
-    across ranks, and on CUDA the achieved TFLOPS and MFU."""
+    """A measurement's summary with what a throughput cell adds: each rank's memory, the bytes a step copied between
+    host and device where the method tallies them, the whole minibatch's rate across ranks, and on CUDA the achieved
+    TFLOPS and MFU."""
     m.update(rank_memory(m["device_peak_allocated"]))
+    moved = [(m.get("timeline") or {}).get(k) for k in ("h2d_bytes", "d2h_bytes")]
+    if all(isinstance(v, (int, float)) for v in moved):  # a method that tallies its copies (L2L): a step's, both ways
+        m["pcie_gb"] = sum(moved) / 1e9
     if run.ranks > 1:  # rank 0 timed its share; the cell's throughput is the whole minibatch's
         m["throughput_per_rank"] = m["throughput"]
         m["throughput"] = run.batch_size / m["step_time_median"]
