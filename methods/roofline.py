@@ -81,18 +81,18 @@ MACHINES = {
 SLUGS = {"h100": "h100-", "h200": "h200-"}
 
 
-def _latest(experiment: str, row: str, slug: str, key: str) -> dict | None:
+def _latest(experiment: str, row: str, slug: str, key: str, results_dir=None) -> dict | None:
     """The latest finished `paper` record of experiment/row on a machine whose slug starts with `slug`, as run by its
-    own definition (no --set variant), that has a number at metrics[key]."""
+    own definition (no --set variant), that has a number at metrics[key] (in `results_dir`, else the suite's)."""
     from pathlib import Path
 
-    from suite.config.paths import RESULTS_DIR
+    from suite.config import paths
     from suite.records.schema import status_of
     from suite.records.store import all_records, machine_of
 
     found = [
         rec
-        for rec in all_records(Path(RESULTS_DIR))
+        for rec in all_records(Path(results_dir or paths.RESULTS_DIR))
         if machine_of(rec).startswith(slug)
         and (rec["experiment"], rec["row"], rec.get("profile")) == (experiment, row, "paper")
         and status_of(rec).kind == "ok"
@@ -102,13 +102,14 @@ def _latest(experiment: str, row: str, slug: str, key: str) -> dict | None:
     return max(found, key=lambda r: str(r.get("finished") or "")) if found else None
 
 
-def machine(key: str) -> Machine:
+def machine(key: str, results_dir=None) -> Machine:
     """MACHINES[key], its rates replaced by what a lent GPU of that kind measured where one has (its latest
-    bench-link record at `paper`: the matmuls, attention, each direction of PCIe alone, the host's triad)."""
+    bench-link record at `paper` in `results_dir`: the matmuls, attention, each direction of PCIe alone, the host's
+    triad)."""
     from suite.records.store import machine_of
 
     spec = MACHINES[key]
-    rec = _latest("bench-link", "block", SLUGS[key], "h2d_gbps")
+    rec = _latest("bench-link", "block", SLUGS[key], "h2d_gbps", results_dir)
     if rec is None:
         return spec
     m = rec["metrics"]
@@ -133,7 +134,7 @@ class Roofline:
     d2h_s: float
     host_s: float
     tail_s: float  # what cannot overlap the slowest (see project)
-    bound: str  # the busiest resource: "compute", "upload", "download" or "host"
+    bound: str  # the busiest of the resources the step overlaps: "compute", "upload", "download" or "host"
     flops: float  # the step's model FLOPs (MFU's), beside the hardware FLOPs compute_s is made of
     parameters: int
     h2d_bytes: int  # over PCIe a step, up
@@ -149,14 +150,20 @@ class Roofline:
 
 
 def layer_sizes(run) -> list[int]:
-    """Parameters of each layer of the run's model (embeddings, blocks, head), built on `meta`."""
+    """Parameters of each layer of the run's model (embeddings, blocks, head), built on `meta` once a shape."""
     import torch
 
-    from suite.harness.model import build_model
+    from suite.harness.model import build_model, shape_key
 
-    with torch.device("meta"):
-        model = build_model(run.model, run.seed)
-    return [sum(p.numel() for _, p in model.layer_named_parameters(i)) for i in range(model.num_layers)]
+    shape = shape_key(run.model)
+    if shape not in _SIZES:
+        with torch.device("meta"):
+            model = build_model(run.model, run.seed)
+        _SIZES[shape] = [sum(p.numel() for _, p in model.layer_named_parameters(i)) for i in range(model.num_layers)]
+    return _SIZES[shape]
+
+
+_SIZES: dict[str, list[int]] = {}
 
 
 def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
@@ -189,6 +196,7 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         first = sizes[0] + sizes[1]  # the embeddings and the first block land last; the next forward needs them first
         tail = first * per_param / host_bps + sizes[0] * w / h2d_bps
         busy = {"compute": compute, "upload": up / h2d_bps, "download": down / d2h_bps, "host": host}
+        overlapped = busy
         step = max(busy.values()) + tail
     elif run.method == "fsdp-offload":
         gathers = 2 * run.num_micro_batches if opts["reshard"] == "on" else run.num_micro_batches
@@ -196,11 +204,13 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         host = (n * HOST_UPDATE["adamw"] + up + down) / host_bps
         busy = {"compute": compute, "upload": up / h2d_bps, "download": down / d2h_bps, "host": host}
         tail = n * HOST_UPDATE["adamw"] / host_bps  # the optimizer after the backward, in series
-        step = max(busy["compute"], busy["upload"], busy["download"]) + tail
+        overlapped = {k: busy[k] for k in ("compute", "upload", "download")}
+        step = max(overlapped.values()) + tail
     elif run.method in ("amp", "ag"):
         tail = n * DEVICE_UPDATE / (spec.device_gbps * 1e9)
         up = down = 0
         busy = {"compute": compute, "upload": 0.0, "download": 0.0, "host": 0.0}
+        overlapped = {"compute": compute}
         step = compute + tail
     else:
         raise ValueError(f"no roofline for method {run.method!r}: one of l2l, l2l-cmp, fsdp-offload, amp, ag")
@@ -212,7 +222,7 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         d2h_s=busy["download"],
         host_s=busy["host"],
         tail_s=tail,
-        bound=max(busy, key=busy.get),
+        bound=max(overlapped, key=overlapped.get),  # the slowest of what the step overlaps
         flops=samples * flops["flops_per_sample"],
         parameters=n,
         h2d_bytes=up,

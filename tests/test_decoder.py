@@ -129,3 +129,5 @@ def test_an_8b_cell_measures_its_rounds_in_the_process_that_built_its_model(monk
     one = {"status": "ok", "metrics": m, "provenance": {"code": "x"}}
     assert merge([one], 1)["rounds"] == 3 and merge([one], 1)["metrics"]["throughput_rounds"] == m["throughput_rounds"]
     assert merge([one, one], 2)["rounds"] == 6
+    ranks = {**one, "metrics": {**m, "throughput_per_rank": 1.0, "throughput_per_rank_rounds": [0.5, 1.0, 1.5]}}
+    assert "throughput_per_rank_rounds" not in merge([ranks, one], 2)["metrics"]  # no spread of some rounds only

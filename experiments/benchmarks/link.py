@@ -13,7 +13,6 @@ import time
 import torch
 
 from experiments.benchmarks.common import benchmark, defaults
-from experiments.benchmarks.host_optim import triad
 from suite.core.experiment import Row
 from suite.core.registry import Option
 from suite.measure.flops import peak_tflops
@@ -98,10 +97,16 @@ def _copies(numel: int, device) -> dict[str, callable]:
     }
 
 
+def _triad(numel: int) -> callable:
+    """c = a + s*b over `numel` floats, its tensors made once: the bandwidth an update streams at, at best."""
+    a, b, c = torch.rand(numel), torch.rand(numel), torch.empty(numel)
+    return lambda: torch.add(a, b, alpha=0.5, out=c)
+
+
 def _host_update(numel: int) -> callable:
     """L2L's host update of one layer of `numel` parameters as the param server runs it where each 16-bit gradient
-    is applied as it lands: AdamW a window at a time, the 16-bit copy refreshed (HostParamServer._commit_windows)."""
-    from methods.l2l.param_server import WINDOW, _windows
+    is applied as it lands: AdamW a window at a time, the 16-bit copy refreshed (param_server.step_windows)."""
+    from methods.l2l.param_server import WINDOW, cut_windows, step_windows
     from suite.harness.optim import LayerwiseOptimizer
 
     class _Run:  # what LayerwiseOptimizer reads of a run
@@ -111,17 +116,9 @@ def _host_update(numel: int) -> callable:
     p = torch.nn.Parameter(torch.randn(numel) * 0.02)
     grad, wire, scratch = torch.randn(numel).bfloat16(), torch.empty(numel, dtype=torch.bfloat16), torch.empty(WINDOW)
     opt = LayerwiseOptimizer([[("weight", p)]], _Run(), host=True)
-    windows = _windows([p], WINDOW)
+    windows = cut_windows([p], WINDOW)
 
-    def run():
-        opt.begin_windows(0, 0)
-        for lo, hi, pieces in windows:
-            g = scratch[: hi - lo]
-            g.copy_(grad[lo:hi])
-            opt.step_window(0, [(q, a, b, g[at - lo : at - lo + b - a]) for q, a, b, at in pieces])
-            wire[lo:hi].copy_(p.detach()[lo:hi])
-
-    return run
+    return lambda: step_windows(opt, 0, 0, windows, grad, p.detach(), wire, scratch)
 
 
 def link_cell(run, device, cap) -> dict:
@@ -136,7 +133,7 @@ def link_cell(run, device, cap) -> dict:
     work = {"gemm": gemm, "attention": attention}
     if cuda:
         work.update(_copies(block, device))
-    host = {"triad": lambda: triad(block, 1), "host_update": _host_update(block)}
+    host = {"triad": _triad(block), "host_update": _host_update(block)}
     times: dict[str, list[float]] = {k: [] for k in [*work, *host]}
     for _ in range(run.options["rounds"]):
         for k, fn in work.items():

@@ -10,7 +10,8 @@ import torch
 from methods.l2l.lanes import host_buffer
 from suite.harness.optim import WINDOW_ALIGN, LayerwiseOptimizer
 
-# Elements of the FP32 window a 16-bit gradient applied as it lands is widened into (4 MiB)
+# Elements of the FP32 window a 16-bit gradient applied as it lands is widened into (4 MiB); cut at multiples of
+# WINDOW_ALIGN from each parameter's start, as LayerwiseOptimizer.step_window needs
 WINDOW = 256 * WINDOW_ALIGN
 
 
@@ -23,7 +24,7 @@ def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.T
     return out
 
 
-def _windows(params: list[torch.nn.Parameter], size: int) -> list[tuple[int, int, list[tuple]]]:
+def cut_windows(params: list[torch.nn.Parameter], size: int) -> list[tuple[int, int, list[tuple]]]:
     """A layer's parameters cut into windows of at most `size` elements over its flat buffer, each window
     (lo, hi, pieces), a piece (param, start, stop, at): elements start:stop of the flattened param, at `at` in the
     flat buffer. Each parameter is cut at multiples of `size` from its own start (a multiple of WINDOW_ALIGN, as
@@ -40,6 +41,18 @@ def _windows(params: list[torch.nn.Parameter], size: int) -> list[tuple[int, int
     if pieces:
         out.append((lo, at, pieces))
     return out
+
+
+def step_windows(opt, layer: int, step: int, windows, landing, flat, wire, scratch) -> None:
+    """Optimizer step `step` of one layer a window at a time (`windows`: cut_windows of its parameters): each window's
+    16-bit gradient (from `landing`) widened into `scratch`, the window stepped, its 16-bit copy (`wire`, of the
+    FP32 `flat`) refreshed while it is in cache."""
+    opt.begin_windows(layer, step)
+    for lo, hi, pieces in windows:
+        grad = scratch[: hi - lo]
+        grad.copy_(landing[lo:hi])
+        opt.step_window(layer, [(p, a, b, grad[at - lo : at - lo + b - a]) for p, a, b, at in pieces])
+        wire[lo:hi].copy_(flat[lo:hi])
 
 
 class HostParamServer:
@@ -120,10 +133,12 @@ class HostParamServer:
             self.grads.append([] if self.windowed else _views(source, params))
             for p, g in zip(params, self.grads[i]):
                 p.grad = g
-        self._windows = [_windows([p for _, p in named], scratch) for named in self.named] if self.windowed else []
+        self._windows = [cut_windows([p for _, p in named], WINDOW) for named in self.named] if self.windowed else []
         self._in_scratch: int | None = None  # the layer whose gradient the scratch holds, unscaled
         self._scaled_by = [1.0] * n  # each layer's loss scale when it was prepared (the step updates it after)
-        self.prepare_seconds = 0.0  # host time spent widening, unscaling and taking norms (not waiting for copies)
+        # host time spent widening, unscaling and taking norms (not waiting for copies); a windowed commit widens
+        # its own windows, in commit_seconds
+        self.prepare_seconds = 0.0
         self.commit_seconds = 0.0  # host time spent in optimizer updates and refreshing the 16-bit copies
 
     @property
@@ -180,8 +195,10 @@ class HostParamServer:
         """Apply optimizer step `step` to one layer (gradients scaled by `clip_coef` first), then
         refresh the 16-bit copy the device will load next."""
         t0 = time.perf_counter()
-        if self.windowed:
-            self._commit_windows(layer, step)
+        if self.windowed:  # applied as it lands: never gated (HostUpdater refuses a gate with a ring)
+            assert clip_coef is None and not scaler.enabled, "a windowed commit has no gate"
+            landing, flat, wire = self.landing_for(layer), self.flat[layer], self.wire[layer]
+            step_windows(self.opt, layer, step, self._windows[layer], landing, flat, wire, self.scratch)
             self.commit_seconds += time.perf_counter() - t0
             return
         if self.cmp and self._in_scratch != layer:  # a gated step prepared other layers since: the same values again
@@ -193,17 +210,6 @@ class HostParamServer:
         if self.wire[layer] is not self.flat[layer]:
             self.wire[layer].copy_(self.flat[layer])
         self.commit_seconds += time.perf_counter() - t0
-
-    def _commit_windows(self, layer: int, step: int) -> None:
-        """Optimizer step `step` of one layer a window at a time: its 16-bit gradient widened into the scratch, the
-        window stepped, its 16-bit copy refreshed."""
-        self.opt.begin_windows(layer, step)
-        landing, flat, wire = self.landing_for(layer), self.flat[layer], self.wire[layer]
-        for lo, hi, pieces in self._windows[layer]:
-            grad = self.scratch[: hi - lo]
-            grad.copy_(landing[lo:hi])
-            self.opt.step_window(layer, [(p, a, b, grad[at - lo : at - lo + b - a]) for p, a, b, at in pieces])
-            wire[lo:hi].copy_(flat[lo:hi])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for named in self.named for n, p in named}

@@ -93,6 +93,7 @@ class CostTable:
 
     def __init__(self, device: str, results_dir: Path):
         self.device = device
+        self._spec = None  # the roofline's machine for `device` (roofline), once asked for
         every = list(all_records(results_dir))
         recs = [r for r in every if machine_of(r).startswith(device)]
         # Counts hold no data, so any machine's says whether a cell passes its cap (the campaign counts it again).
@@ -130,8 +131,10 @@ class CostTable:
             run = r["config"]["run"]
             if st is None or not rounds or not r.get("duration_s"):
                 continue
-            params = _params(run)
-            overheads.append((params, r["duration_s"] / rounds - (run["warmup"] + run["steps"]) * st))
+            inside = (run.get("options") or {}).get("rounds_inside", 1)  # rounds a process measured itself
+            processes, steps = rounds / inside, run["warmup"] + inside * run["steps"]
+            draws = _params(run) * DRAWS[(run.get("model") or {}).get("init", "full")]
+            overheads.append((draws, r["duration_s"] / processes - steps * st))
             mfu = self._mfu(run, r["metrics"]["throughput"])
             if mfu:
                 precision = run.get("precision", "fp32")
@@ -185,8 +188,10 @@ class CostTable:
 
         if self.device not in roofline.MACHINES or cell.run.model.resolved().family != "llama":
             return None  # its rates are a decoder block's at thousands of tokens
+        if self._spec is None:
+            self._spec = roofline.machine(self.device, self.results_dir)
         try:
-            out = roofline.project(cell.run, roofline.machine(self.device))
+            out = roofline.project(cell.run, self._spec)
         except ValueError:  # a method (or setting) the roofline does not model
             return None
         return out.step_s, f"its roofline on {self.device} ({out.bound}-bound)"
@@ -247,13 +252,16 @@ class CostTable:
         return self.overhead[0] if self.overhead else 0.0
 
     def build(self, params: int, init: str = "full") -> float:
-        """The part of a fresh process's start that grows with the model: what the worker pays for a new shape. Taken
-        as the host generator's draws, which Hugging Face's init alone (model.init=hf) halves."""
-        _, per_param = self.overhead or (0.0, DEFAULT_OVERHEAD_S / BERT_LARGE_PARAMS)
-        return per_param * params * (0.5 if init == "hf" else 1.0)
+        """The part of a fresh process's start that grows with the model: what the worker pays for a new shape, in
+        the host generator's draws (DRAWS a parameter: Hugging Face's init alone, model.init=hf, makes half)."""
+        _, per_draw = self.overhead or (0.0, DEFAULT_OVERHEAD_S / (BERT_LARGE_PARAMS * DRAWS["full"]))
+        return per_draw * params * DRAWS[init]
 
 
 BERT_LARGE_PARAMS = 335_000_000  # where the target has no record: DEFAULT_OVERHEAD_S was its fresh processes' start
+# The host generator's draws a parameter of a random init: torch's default init and Hugging Face's over it, or
+# Hugging Face's alone (suite.config.run.ModelConfig.init)
+DRAWS = {"full": 2, "hf": 1}
 
 
 def _params(run) -> int:

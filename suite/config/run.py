@@ -71,8 +71,9 @@ class ModelConfig:
     # suite.harness.families.lm.LOSS_CHUNK once a micro-batch's FP32 logits would pass LOGITS_BYTES), 0 never.
     loss_chunk: int | None = None
     # A random init's draws: "full" (torch's default init of each layer, then Hugging Face's over it: the bits every
-    # earlier record was built from) or "hf" (Hugging Face's alone: the same distributions and half the draws of
-    # the host's serial generator, other bits; Llama 3 8B's build takes about half as long).
+    # earlier record was built from) or "hf" (Hugging Face's alone, torch's skipped for linear, embedding and norm
+    # layers: the same distributions and half the draws of the host's serial generator, other bits; Llama 3 8B's
+    # build takes about a third as long; GPT-2's Conv1D layers keep both).
     init: str = "full"
 
     def resolved(self) -> "ModelConfig":

@@ -65,7 +65,7 @@ def throughput_rounds_cell(run, device, cap) -> dict:
 
     method, batches = _method_and_batches(run, device)
     rounds = []
-    for r in range(run.options["rounds_inside"]):
+    for r in range(run.options.get("rounds_inside", 1)):
         m = measure(method, batches, run.warmup if r == 0 else 0, run.steps, device, cap).summary()
         rounds.append({"status": "ok", "metrics": _figures(method, run, device, m), "provenance": None})
     return merge(rounds, len(rounds))["metrics"]

@@ -42,6 +42,8 @@ def merge(rounds: list[Outcome], planned: int) -> Outcome:
         if len(values) == sum(inside):
             m[key] = statistics.median(values)
             m[f"{key}_rounds"] = values
+        else:  # not every round has it: no spread of some of them
+            m.pop(f"{key}_rounds", None)
     times = [r["metrics"]["step_time_median"] for r in ok if "step_time_median" in r["metrics"]]
     if len(times) == len(ok):
         m["step_time_median"] = statistics.median(times)

@@ -118,9 +118,10 @@ def counted_past_cap(
     cells: list[Cell], timeout: float | None, progress: Callable[[str], None], results_dir: Path | None = None
 ) -> dict[str, Outcome]:
     """Count each capped timed cell of one of our methods on fake tensors (CPU seconds, no device), in parallel;
-    return an `oom` outcome (counted) for each past its cap, which is then recorded without running. A peer's count
-    on a CPU takes the host's allocations for the device's (docs/counting.md): one whose offload it can bound
-    (Method.count_allowance) is counted against its cap plus that bound, any other always runs. A count stored
+    return an `oom` outcome (counted) for each past its cap, or whose host need (host_need: a count's host peak, a
+    peer's offload) passes what this host offers a cell (host_room), which is then recorded without running. A
+    peer's count on a CPU takes the host's allocations for the device's (docs/counting.md): one whose offload it can
+    bound (Method.count_allowance) is counted against its cap plus that bound, any other always runs. A count stored
     before (suite.core.precount) by the same code under the same versions is taken instead of counting again."""
     from suite.measure.provenance import code_digest, versions
 

@@ -247,7 +247,8 @@ def _build(cfg: ModelConfig, seed: int) -> LayeredModel:
 def _hf_init_only():
     """torch's default init of linear, embedding and norm layers skipped (their parameters filled with NaN instead,
     which Hugging Face's init then draws over): model.init="hf". A parameter Hugging Face's init left alone would
-    stay NaN, and its first step would fail on a non-finite loss."""
+    stay NaN, and its first step would fail on a non-finite loss. The classes are patched for the whole process while
+    a model is built: models are built on the main thread, one at a time."""
     skipped = (nn.Linear, nn.Embedding, nn.LayerNorm)
     saved = [(cls, cls.reset_parameters) for cls in skipped]
 

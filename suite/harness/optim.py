@@ -241,10 +241,13 @@ class LayerwiseOptimizer:
         opt = self.opts[index]
         if opt is None:
             return
+        self._set_lr(opt, step)
+        opt.step()
+
+    def _set_lr(self, opt, step: int) -> None:
         lr = lr_at(self.run, step)
         for g in opt.param_groups:
             g["lr"] = lr
-        opt.step()
 
     def windowable(self, index: int) -> bool:
         """Whether layer `index` can step window by window (begin_windows, step_window): torch's fused AdamW, whose
@@ -260,9 +263,7 @@ class LayerwiseOptimizer:
         opt = self.opts[index]
         if opt is None:
             return
-        lr = lr_at(self.run, step)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        self._set_lr(opt, step)
         torch._foreach_add_([opt.state[p]["step"] for g in opt.param_groups for p in g["params"]], 1)
 
     @torch.no_grad()
