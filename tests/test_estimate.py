@@ -12,15 +12,17 @@ from suite.core.experiment import get_experiment
 from suite.harness.model import param_count
 
 
-def _record(tmp_path, cell, step_time, rounds, duration, status="partial: 1/3 rounds", throughput=20.0):
-    folder = tmp_path / "runs" / "h100-test"
+def _record(
+    tmp_path, cell, step_time, rounds, duration, status="partial: 1/3 rounds", throughput=20.0, machine="h100-test"
+):
+    folder = tmp_path / "runs" / machine
     folder.mkdir(parents=True, exist_ok=True)
     rec = {
         "key": cell.key, "experiment": cell.experiment, "row": cell.row.name, "method": cell.run.method,
         "profile": "paper", "device_type": "cuda", "variant": "", "config": cell.resolved(), "finished": "now",
         "status": status, "rounds": rounds, "duration_s": duration, "provenance": {"methodology": "1"},
         "metrics": {"step_time_median": step_time, "throughput": throughput} if step_time else {},
-        "machine": {"slug": "h100-test"},
+        "machine": {"slug": machine},
     }  # fmt: skip
     (folder / f"{cell.key}.json").write_text(json.dumps(rec))
 
@@ -287,3 +289,32 @@ def test_an_8b_cell_costs_one_build_and_its_rounds_at_its_roofline_and_a_host_pa
     assert l2l.seconds == pytest.approx(table.start() + build + (1 + 3 * 2) * step)
     fsdp = lines["decoder-8b/8b-fsdp"]
     assert fsdp.decision == "past its cap" and fsdp.seconds == 0 and HOST_RESERVE == 8 * 2**30
+
+
+def test_a_target_with_one_model_size_takes_the_other_kinds_growth_and_their_measured_steps(tmp_path):
+    """An H200 whose only records are at BERT-Large's size cannot tell its fixed start from its growth with the
+    model: it takes the H100's growth a draw (fitted there over two sizes) and keeps its own records' rest as its
+    fixed part, instead of putting all of its start on the parameters. A cell the H100 measured, which the H200
+    did not, costs the H100's step (the same peak); one neither measured takes the H100's utilisation of its table
+    before the H200's of other tables."""
+    from suite.commands.estimate import DRAWS, CostTable
+
+    table5, table2 = get_experiment("table5"), get_experiment("table2")
+    x1, x2, x4 = table5.cells("paper", ["stash-cpu-x1", "stash-cpu-x2", "stash-cpu-x4"], None, None)
+    draws = {c.row.name: param_count(c.run.model) * DRAWS["full"] for c in (x1, x2, x4)}
+    for cell in (x1, x2):  # on the H100: 10 s and 5 ns a draw
+        _record(tmp_path, cell, 1.0, 1, 10.0 + 5e-9 * draws[cell.row.name] + 3 * 1.0, throughput=40.0)
+    (amp,) = table2.cells("paper", ["baseline-amp"], None, None)
+    amp_draws = param_count(amp.run.model) * DRAWS["full"]
+    amp_steps = amp.run.warmup + amp.run.steps
+    _record(tmp_path, amp, 2.0, 1, 30.0 + 5e-9 * amp_draws + amp_steps * 2.0, throughput=1.0, machine="h200-test")
+    lone = CostTable("h200", tmp_path)
+    assert lone.overhead == pytest.approx((30.0, 5e-9)) and "h100-test" in lone.assumptions()[0]
+    assert CostTable("h100", tmp_path).overhead == pytest.approx((10.0, 5e-9))
+    stages = {4: Stage("t", sweeps=(Sweep("table5", only=("stash-cpu-x1", "stash-cpu-x4")),))}
+    lines = {ln.what: ln for ln in estimate(stages, "h200", worker=False, results_dir=tmp_path)}
+    measured = "own process; steps h100-test's measured step x 1.00 (its peak / the target's)"
+    assert lines["table5/stash-cpu-x1"].source == measured
+    assert lines["table5/stash-cpu-x1"].seconds == pytest.approx(30.0 + 5e-9 * draws["stash-cpu-x1"] + 3 * 1.0)
+    x4_source = lines["table5/stash-cpu-x4"].source  # l2l at table5's shapes: the H100's, not the H200's table2 AMP
+    assert x4_source.endswith("MFU (l2l-cmp on the other lent kinds)"), x4_source

@@ -187,9 +187,12 @@ def _campaign(args) -> int:
     from suite.commands.campaign.stages import STAGES
 
     if args.estimate:
-        from suite.commands.estimate import estimate, report
+        from suite.commands.estimate import CostTable, estimate, report
+        from suite.config import paths
 
-        print(report(estimate(STAGES, args.device, args.rounds, not args.fresh_processes), args.device))
+        table = CostTable(args.device, paths.RESULTS_DIR)
+        lines = estimate(STAGES, args.device, args.rounds, not args.fresh_processes, table=table)
+        print(report(lines, args.device, table.assumptions()))
         return 0
     if args.next:
         from suite.commands.campaign.next_unit import next_unit

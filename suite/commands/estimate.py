@@ -4,12 +4,14 @@ Which cells run, and how many rounds, is not decided here: each stage's sweep is
 (suite.core.plan) from the target's records, with what the target lacks and its stored counts; a cell the plan
 settles without running (reused, a twin's, not run, past its cap, complete) costs nothing, and this module prices
 the rest. A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
-- the step time is the target machine's own record of the cell where one was measured (`measured`), else, where
-  the target has no record of the cell's table in its precision, a decoder's (Llama's) step by its method's roofline
-  on the target's kind where it has one (methods/roofline.py: L2L, FSDP2's offload, AMP, AG), else the training
-  FLOPs (suite.measure.flops) at the median MFU that machine's records of the same method achieved
-  (`flops`), else at the median of its records of the same table in the same precision (its shapes: sequence and
-  micro-batch), else of all its records in that precision (an FP32 peer is costed like the FP32 methods, not at the
+- the step time is the target machine's own record of the cell where one was measured (`measured`), else the
+  cell's step measured on another lent GPU kind (PEAK_OF's: the same image, the same architecture), times its peak
+  over the target's, else, where the target has no record of the cell's table in its precision, a decoder's
+  (Llama's) step by its method's roofline on the target's kind where it has one (methods/roofline.py: L2L, FSDP2's
+  offload, AMP, AG), else the training FLOPs (suite.measure.flops) at the median MFU that machine's records of the
+  same method achieved (`flops`), else at the median of its records of the same table in the same precision (its
+  shapes: sequence and micro-batch), else the other lent kinds' MFU of the method, then of the table, else of all
+  the target's records in that precision (an FP32 peer is costed like the FP32 methods, not at the
   mixed-precision methods' utilisation of a 15x higher peak), else at the median of all its records;
 - a cell whose method needs a library the target lacks (its environment report, else GPU_IMAGE_LACKS) costs
   nothing: it is recorded not_implemented there without starting; nor does a capped cell a count record puts past
@@ -21,8 +23,9 @@ the rest. A cell-round's cost is its timed part, (warm-up + timed steps) x step 
   lent GPU, and so one worker). Both come from the
   fresh-process overhead the target's records show (their duration per round less their timed part), fitted as a
   fixed part (imports, CUDA's context) plus a part per parameter (the build, the host generator's draws: half of it
-  under Hugging Face's init alone, model.init=hf) by least squares over the model sizes they ran at (one size: all
-  of it per parameter); a cell measuring several rounds in the process that built its model pays its warm-up once
+  under Hugging Face's init alone, model.init=hf) by least squares over the model sizes they ran at (one size: the
+  growth a draw of the other lent kinds' records where they span sizes, named in the report's head, else all of it
+  per parameter); a cell measuring several rounds in the process that built its model pays its warm-up once
   and each round's timed steps; a cell in its own process (several ranks, an expected
   OOM, a benchmark) pays that whole overhead every round;
 - a cell the target machine recorded `oom` costs what that record took; a sweep's counts of its capped cells
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from suite.config import paths
@@ -88,6 +91,27 @@ def _step_time(rec: Record | None) -> float | None:
     return m.get("step_time_median") if isinstance(m.get("step_time_median"), (int, float)) else None
 
 
+@dataclass
+class Utilisation:
+    """The MFU a set of records achieved: by method, by table in a precision, and by precision."""
+
+    by_method: dict = field(default_factory=dict)
+    by_table: dict = field(default_factory=dict)
+    by_precision: dict = field(default_factory=dict)
+
+    def add(self, r: Record, mfu: float | None) -> None:
+        if mfu:
+            run = r["config"]["run"]
+            precision = run.get("precision", "fp32")
+            self.by_method.setdefault(run["method"], []).append(mfu)
+            self.by_table.setdefault((r["experiment"], precision), []).append(mfu)
+            self.by_precision.setdefault(precision, []).append(mfu)
+
+    def all(self) -> float | None:
+        mfus = [m for ms in self.by_method.values() for m in ms]
+        return statistics.median(mfus) if mfus else None
+
+
 class CostTable:
     """The target machine's records, read for step times, achieved MFU and process overheads."""
 
@@ -125,36 +149,53 @@ class CostTable:
         self.ram = (target.get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM
         self.pool_limit = pool_limit(self.ram)
         self.peak_name = PEAK_OF.get(device, device)
-        overheads, self.mfu_by_method, self.mfu_by_precision, self.mfu_by_table = [], {}, {}, {}
+        overheads, self.mfu = [], Utilisation()
         for r in recs:
-            st, rounds = _step_time(r), r.get("rounds") or 0
-            run = r["config"]["run"]
-            if st is None or not rounds or not r.get("duration_s"):
+            if (point := _overhead_point(r)) is None:
                 continue
-            inside = (run.get("options") or {}).get("rounds_inside", 1)  # rounds a process measured itself
-            processes, steps = rounds / inside, run["warmup"] + inside * run["steps"]
-            draws = _params(run) * DRAWS[(run.get("model") or {}).get("init", "full")]
-            overheads.append((draws, r["duration_s"] / processes - steps * st))
-            mfu = self._mfu(run, r["metrics"]["throughput"])
-            if mfu:
-                precision = run.get("precision", "fp32")
-                self.mfu_by_method.setdefault(run["method"], []).append(mfu)
-                self.mfu_by_table.setdefault((r["experiment"], precision), []).append(mfu)
-                self.mfu_by_precision.setdefault(precision, []).append(mfu)
-        self.overhead = _fit(overheads)
-        mfus = [m for ms in self.mfu_by_method.values() for m in ms]
-        self.mfu_all = statistics.median(mfus) if mfus else None
+            overheads.append(point)
+            self.mfu.add(r, self._mfu(r["config"]["run"], r["metrics"]["throughput"]))
+        # The other lent GPU kinds' records (the same image, a like host): a cell's step measured there, their
+        # utilisation where the target has none of the method or the table, and their process starts' growth with
+        # the model where the target's records span one model size
+        self.kin: dict[tuple, Record] = {}
+        self.kin_mfu, kin_points = Utilisation(), []
+        for r in every:
+            kind = _kind(machine_of(r))
+            if kind is None or kind == device or _step_time(r) is None:
+                continue
+            key = (r["experiment"], r["row"], r.get("profile"))
+            if r.get("finished", "") >= self.kin.get(key, {}).get("finished", ""):
+                self.kin[key] = r
+            if (point := _overhead_point(r)) is not None:
+                kin_points.append(point)
+                self.kin_mfu.add(r, self._mfu(r["config"]["run"], r["metrics"]["throughput"], PEAK_OF[kind]))
+        self.overhead, self.overhead_how = _fit(overheads), f"fitted over {self.machine}'s records"
+        prior = _fit(kin_points)
+        if self.overhead and len({x for x, _ in overheads}) < 2 and prior and len({x for x, _ in kin_points}) > 1:
+            self.overhead = _fit(overheads, per_draw=prior[1])
+            self.overhead_how = (
+                f"{self.machine}'s records span one model size: the growth a draw of the other lent kinds' "
+                f"({', '.join(sorted({machine_of(r) for r in self.kin.values()}))})"
+            )
 
     def mfu_of(self, method: str) -> float | None:
         """The median MFU the target's records of `method` reached, else of all its records."""
-        mfus = self.mfu_by_method.get(method)
-        return statistics.median(mfus) if mfus else self.mfu_all
+        mfus = self.mfu.by_method.get(method)
+        return statistics.median(mfus) if mfus else self.mfu.all()
 
-    def _mfu(self, run: dict, throughput: float) -> float | None:
+    def assumptions(self) -> list[str]:
+        """What the estimate took from where, beyond each line's own source: a process's start."""
+        if not self.overhead:
+            return [f"a process's start: {DEFAULT_OVERHEAD_S:.0f} s at BERT-Large, assumed (no {self.device} record)"]
+        fixed, per_draw = self.overhead
+        return [f"a process's start: {fixed:.1f} s and {1e9 * per_draw:.1f} ns a draw ({self.overhead_how})"]
+
+    def _mfu(self, run: dict, throughput: float, peak_name: str | None = None) -> float | None:
         from suite.config.run import RunConfig
 
         cfg = RunConfig.from_dict(run)
-        peak = flops.peak_tflops(self.peak_name, cfg.precision)
+        peak = flops.peak_tflops(peak_name or self.peak_name, cfg.precision)
         return throughput * flops.per_sample(cfg)["flops_per_sample"] / 1e12 / peak if peak else None
 
     def step(self, cell: Cell) -> tuple[float, str]:
@@ -162,15 +203,26 @@ class CostTable:
         rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
         if _step_time(rec) is not None:
             return _step_time(rec), "measured"
+        # Measured on another lent kind: its step at the target's peak (an estimate only, named)
+        if (kin := self.kin.get((cell.experiment, cell.row.name, cell.profile))) is not None:
+            theirs = flops.peak_tflops(PEAK_OF[_kind(machine_of(kin))], cell.run.precision)
+            ours = flops.peak_tflops(self.peak_name, cell.run.precision)
+            scale = theirs / ours if theirs and ours else 1.0
+            return _step_time(kin) * scale, f"{machine_of(kin)}'s measured step x {scale:.2f} (its peak / the target's)"
+        table = (cell.experiment, cell.run.precision)
         # No record of its own table's shapes: their roofline, before the utilisation of other tables' shapes
-        if not self.mfu_by_table.get((cell.experiment, cell.run.precision)) and (projected := self.roofline(cell)):
+        if not self.mfu.by_table.get(table) and (projected := self.roofline(cell)):
             return projected
-        mfu, whose = self.mfu_all, "all methods"
+        mfu, whose = self.mfu.all(), "all methods"
+        method, shapes, other = cell.run.method, f"{cell.experiment}'s {cell.run.precision}", " on the other lent kinds"
         for mfus, name in (
-            (self.mfu_by_method.get(cell.run.method), cell.run.method),
+            (self.mfu.by_method.get(method), method),
             # the same table's shapes (sequence, micro-batch) in the same precision: what sets utilisation most
-            (self.mfu_by_table.get((cell.experiment, cell.run.precision)), f"{cell.experiment}'s {cell.run.precision}"),
-            (self.mfu_by_precision.get(cell.run.precision), f"{cell.run.precision} methods"),
+            (self.mfu.by_table.get(table), shapes),
+            # the other kinds' (the same architecture's) before the target's records of other shapes
+            (self.kin_mfu.by_method.get(method), method + other),
+            (self.kin_mfu.by_table.get(table), shapes + other),
+            (self.mfu.by_precision.get(cell.run.precision), f"{cell.run.precision} methods"),
         ):
             if mfus:
                 mfu, whose = statistics.median(mfus), name
@@ -271,13 +323,33 @@ def _params(run) -> int:
     return param_count((RunConfig.from_dict(run) if isinstance(run, dict) else run).model)
 
 
-def _fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """(fixed s, s per parameter) of a process's start from (parameters, overhead) points: least squares where they
-    span sizes (neither part negative), else their median all per parameter."""
+def _kind(machine: str) -> str | None:
+    """The lent GPU kind (PEAK_OF's key) a machine's slug names, else None."""
+    return next((k for k in PEAK_OF if machine.startswith(k)), None)
+
+
+def _overhead_point(r: Record) -> tuple[float, float] | None:
+    """(host draws, seconds) of a record's process start: its duration per process less its steps; None where the
+    record does not say."""
+    st, rounds, run = _step_time(r), r.get("rounds") or 0, r["config"]["run"]
+    if st is None or not rounds or not r.get("duration_s"):
+        return None
+    inside = (run.get("options") or {}).get("rounds_inside", 1)  # rounds a process measured itself
+    processes, steps = rounds / inside, run["warmup"] + inside * run["steps"]
+    draws = _params(run) * DRAWS[(run.get("model") or {}).get("init", "full")]
+    return draws, r["duration_s"] / processes - steps * st
+
+
+def _fit(points: list[tuple[float, float]], per_draw: float | None = None) -> tuple[float, float] | None:
+    """(fixed s, s per draw) of a process's start from (draws, overhead) points: least squares where they span sizes
+    (neither part negative); at one size, the fixed part their median less `per_draw` (another fit's) where given,
+    else all of it per draw."""
     if not points:
         return None
     xs = [x for x, _ in points]
     if len(set(xs)) < 2:
+        if per_draw is not None:
+            return max(statistics.median(y - per_draw * x for x, y in points), 0.0), per_draw
         return 0.0, statistics.median(y for _, y in points) / xs[0]
     slope, fixed = statistics.linear_regression(xs, [y for _, y in points])
     if slope < 0 or fixed < 0:
@@ -389,13 +461,14 @@ def _settled(d: Decision, table: CostTable) -> str:
 
 
 def estimate(
-    stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None
+    stages: dict, device: str = "h100", rounds: int | None = None, worker: bool = True, results_dir=None, table=None
 ) -> list[Line]:
     """Every stage's lines (campaign.stages.STAGES): its tests, then each sweep's cells as the runner's plan
     decides them on the target (one line each, in the plan's order; a cell that runs costs its rounds in the order
-    they run: round by round, grouped by shape in the worker, which keeps one model shape at a time)."""
+    they run: round by round, grouped by shape in the worker, which keeps one model shape at a time). `table`: the
+    target's CostTable where the caller made it (to report its assumptions)."""
     results_dir = Path(results_dir or paths.RESULTS_DIR)
-    table = CostTable(device, results_dir)
+    table = table or CostTable(device, results_dir)
     lines: list[Line] = []
     for number, stage in stages.items():
         # What the worker's pool holds and whether it has started: each stage is its own command, so a new worker
@@ -466,11 +539,12 @@ def _sweep_lines(number: int, p: Plan, table: CostTable, pool: dict) -> list[Lin
     return list(out.values())
 
 
-def report(lines: list[Line], device: str) -> str:
+def report(lines: list[Line], device: str, assumptions: list[str] = ()) -> str:
     """Each stage's total and its lines (a cell's: the plan's decision, the rounds it runs, and the seconds of all
-    of them together), then `estimated device time: N s`."""
+    of them together), then `estimated device time: N s`; `assumptions` (CostTable.assumptions) after the title."""
     out = [
         f"campaign estimate for {device} (suite/commands/estimate.py says how each figure is made)",
+        *(f"  {a}" for a in assumptions),
         f"  {'part or cell':<44} {'decision':<12} {'rounds':>6} {'all rounds':>10}  how",
     ]
     total = 0.0
