@@ -121,21 +121,11 @@ class CostTable:
         every = list(all_records(results_dir))
         recs = [r for r in every if machine_of(r).startswith(device)]
         # Counts hold no data, so any machine's says whether a cell passes its cap (the campaign counts it again).
-        self.counted: dict[tuple, Record] = {}  # the latest count of each cell
-        for r in every:
-            key = (r["experiment"], r["row"], r.get("profile"))
-            if r["config"].get("kind") == "count" and r.get("finished", "") >= self.counted.get(key, {}).get(
-                "finished", ""
-            ):
-                self.counted[key] = r
-        self.by_cell = {(r["experiment"], r["row"], r.get("profile")): r for r in recs}
+        self.counted = _latest(r for r in every if r["config"].get("kind") == "count")  # the latest count of each cell
+        self.by_cell = {_cell_key(r): r for r in recs}
         # Any machine's latest record of a cell that took a known time: a host benchmark's cost before the target
         # has run it (its host differs: said where it is used).
-        self.elsewhere: dict[tuple, Record] = {}
-        for r in every:
-            key = (r["experiment"], r["row"], r.get("profile"))
-            if r.get("duration_s") and r.get("finished", "") >= self.elsewhere.get(key, {}).get("finished", ""):
-                self.elsewhere[key] = r
+        self.elsewhere = _latest(r for r in every if r.get("duration_s"))
         # the target: the machine of its records, else one whose environment report alone is here (stage 1 ran)
         reports = sorted(p.parent.name for p in (results_dir / "campaign").glob(f"{device}*/environment.json"))
         self.machine = machine_of(recs[0]) if recs else (reports[0] if reports else None)
@@ -158,25 +148,22 @@ class CostTable:
         # The other lent GPU kinds' records (the same image, a like host): a cell's step measured there, their
         # utilisation where the target has none of the method or the table, and their process starts' growth with
         # the model where the target's records span one model size
-        self.kin: dict[tuple, Record] = {}
-        self.kin_mfu, kin_points = Utilisation(), []
-        for r in every:
-            kind = _kind(machine_of(r))
-            if kind is None or kind == device or _step_time(r) is None:
-                continue
-            key = (r["experiment"], r["row"], r.get("profile"))
-            if r.get("finished", "") >= self.kin.get(key, {}).get("finished", ""):
-                self.kin[key] = r
+        kin = [r for r in every if _kind(machine_of(r)) not in (None, device) and _step_time(r) is not None]
+        self.kin = _latest(kin)
+        self.kin_mfu, kin_points, kin_machines = Utilisation(), [], set()
+        for r in kin:
             if (point := _overhead_point(r)) is not None:
                 kin_points.append(point)
-                self.kin_mfu.add(r, self._mfu(r["config"]["run"], r["metrics"]["throughput"], PEAK_OF[kind]))
+                kin_machines.add(machine_of(r))
+                peak_name = PEAK_OF[_kind(machine_of(r))]
+                self.kin_mfu.add(r, self._mfu(r["config"]["run"], r["metrics"]["throughput"], peak_name))
         self.overhead, self.overhead_how = _fit(overheads), f"fitted over {self.machine}'s records"
         prior = _fit(kin_points)
         if self.overhead and len({x for x, _ in overheads}) < 2 and prior and len({x for x, _ in kin_points}) > 1:
             self.overhead = _fit(overheads, per_draw=prior[1])
             self.overhead_how = (
                 f"{self.machine}'s records span one model size: the growth a draw of the other lent kinds' "
-                f"({', '.join(sorted({machine_of(r) for r in self.kin.values()}))})"
+                f"({', '.join(sorted(kin_machines))})"
             )
 
     def mfu_of(self, method: str) -> float | None:
@@ -200,11 +187,11 @@ class CostTable:
 
     def step(self, cell: Cell) -> tuple[float, str]:
         """Seconds per step of `cell` on the target, and where the figure comes from."""
-        rec = self.by_cell.get((cell.experiment, cell.row.name, cell.profile))
+        rec = self.by_cell.get(cell_key := (cell.experiment, cell.row.name, cell.profile))
         if _step_time(rec) is not None:
             return _step_time(rec), "measured"
         # Measured on another lent kind: its step at the target's peak (an estimate only, named)
-        if (kin := self.kin.get((cell.experiment, cell.row.name, cell.profile))) is not None:
+        if (kin := self.kin.get(cell_key)) is not None:
             theirs = flops.peak_tflops(PEAK_OF[_kind(machine_of(kin))], cell.run.precision)
             ours = flops.peak_tflops(self.peak_name, cell.run.precision)
             scale = theirs / ours if theirs and ours else 1.0
@@ -321,6 +308,19 @@ def _params(run) -> int:
     from suite.config.run import RunConfig
 
     return param_count((RunConfig.from_dict(run) if isinstance(run, dict) else run).model)
+
+
+def _cell_key(r: Record) -> tuple:
+    return r["experiment"], r["row"], r.get("profile")
+
+
+def _latest(records) -> dict[tuple, Record]:
+    """The latest (by `finished`) of `records` for each cell."""
+    out: dict[tuple, Record] = {}
+    for r in records:
+        if r.get("finished", "") >= out.get(_cell_key(r), {}).get("finished", ""):
+            out[_cell_key(r)] = r
+    return out
 
 
 def _kind(machine: str) -> str | None:
