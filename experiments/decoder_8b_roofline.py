@@ -6,8 +6,13 @@ once a loan has measured one."""
 from __future__ import annotations
 
 from experiments import decoder_8b
-from methods.roofline import MACHINES, SLUGS
+from methods import roofline
+from methods.roofline import MACHINES, SLUGS, Machine
+from suite.config import paths
 from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
+from suite.measure.flops import peak_tflops
+from suite.records.index import Index, open_index
+from suite.records.schema import machine_of, status_of
 
 NOT_PROJECTED = ("8b-amp", "7b-amp")  # past the device at full depth (counted oom): nothing to project
 
@@ -68,3 +73,70 @@ EXPERIMENT = ProjectingExperiment(
         )
     ),
 )
+
+
+def _latest(index: Index, experiment: str, row: str, slug: str, key: str) -> dict | None:
+    """The latest finished `paper` record of experiment/row on a machine whose slug starts with `slug`, as run by its
+    own definition (no --set variant), that has a number at metrics[key]."""
+    return index.latest(
+        experiment,
+        row,
+        slug,
+        where=lambda rec: (
+            status_of(rec).kind == "ok"
+            and not rec.get("variant")
+            and isinstance((rec.get("metrics") or {}).get(key), (int, float))
+        ),
+    )
+
+
+def rates(key: str, index: Index) -> Machine:
+    """MACHINES[key], its rates replaced by what a lent GPU of that kind measured where one has (its latest
+    bench-link record at `paper`: the matmuls, attention, each direction of PCIe alone, the host's triad)."""
+    rec = _latest(index, "bench-link", "block", SLUGS[key], "h2d_gbps")
+    if rec is None:
+        return MACHINES[key]
+    where = f"measured: bench-link on {machine_of(rec)}, {str(rec.get('finished'))[:10]}"
+    return roofline.measured(MACHINES[key], rec["metrics"], where)
+
+
+def _held_to(ref: dict | None, index: Index) -> tuple[float | None, str]:
+    """The tokens a second of the record `ref` names (a machine's slug prefix, an experiment and a row), and what
+    it is."""
+    if not ref:
+        return None, "none: a projection only"
+    rec = _latest(index, ref["experiment"], ref["row"], ref["machine"], "tokens_per_s")
+    if rec is None:
+        return None, f"no {ref['machine'].rstrip('-')} record of {ref['experiment']}/{ref['row']} yet"
+    return rec["metrics"]["tokens_per_s"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}"
+
+
+def roofline_cell(run, device, cap) -> dict:
+    """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key) and the record the
+    projection is held to, if any; the roofline (methods/roofline.py) is handed its rates and computes alone."""
+    p = run.options["projection"]
+    index = open_index(paths.RESULTS_DIR)
+    spec = rates(p["machine"], index)
+    out = roofline.project(run, spec)
+    ref, what = _held_to(p.get("reference"), index)
+    peak = peak_tflops(spec.gpu, run.precision)
+    tflops = out.flops / out.step_s / 1e12
+    return {
+        "tokens_per_s": out.tokens_per_s,
+        "tflops_6n": 6 * out.parameters * out.tokens_per_s / 1e12,
+        "model_tflops": tflops,
+        "mfu": tflops / peak if peak else None,
+        "step_time": out.step_s,
+        "pcie_gb": out.pcie_bytes / 1e9,
+        "compute_s": out.compute_s,
+        "h2d_s": out.h2d_s,
+        "d2h_s": out.d2h_s,
+        "host_s": out.host_s,
+        "tail_s": out.tail_s,
+        "bound": out.bound,
+        "reference": ref,
+        "reference_of": what,
+        "error": (out.tokens_per_s - ref) / ref if ref else None,
+        "device_spec": spec.name,
+        "assumptions": spec.sources,
+    }

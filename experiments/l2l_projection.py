@@ -4,8 +4,11 @@ and a GH200 (methods/l2l/projection.py), each row held to the figure it can be: 
 from __future__ import annotations
 
 from experiments import table2, table3
-from methods.l2l.projection import DEVICES
+from methods.l2l.projection import DEVICES, outside, project, ran, relay_of
+from suite.config import paths
 from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
+from suite.records.index import Index, open_index
+from suite.records.schema import machine_of, status_of
 
 BERT_LARGE = {"model.preset": "bert-large", "seq_len": 512, "optimizer": "lamb", "lr": 1e-4}
 # The paper's L2L: Algorithm 2 (the host updates after the backward), micro-batches of 64; its Table 3 keeps the
@@ -219,3 +222,79 @@ EXPERIMENT = ProjectingExperiment(
         "own assumed compute rate) is the one that tests it."
     ),
 )
+
+
+def reference(ref: dict, run, index: Index) -> tuple[float | None, str, tuple[float, float] | None]:
+    """The figure a projected row is held to, what it is, and for a record the throughputs of its slowest and
+    fastest timed steps: a published figure (no spread), or a committed record of a machine (its median over the
+    rounds it has)."""
+    if ref.get("source") == "paper":
+        return ref["value"], ref["what"], None
+    rec = index.latest(
+        ref["experiment"],
+        ref["row"],
+        ref["machine"],
+        where=lambda rec: (
+            isinstance((rec.get("metrics") or {}).get("throughput"), (int, float))
+            and _of_harness(rec, ref.get("harness"))
+            and ran(rec, run)
+        ),
+        # A finished record before a partial one, then the latest (where several machines match)
+        order=lambda r: (status_of(r).kind == "ok", str(r.get("finished") or "")),
+    )
+    if rec is None:
+        which = f"{ref['experiment']}/{ref['row']}{_HARNESS[ref.get('harness')]}"
+        return None, f"no {ref['machine'].rstrip('-')} record of {which}", None
+    m = rec["metrics"]
+    spread = None
+    if all(isinstance(m.get(k), (int, float)) for k in ("step_time_median", "step_time_min", "step_time_max")):
+        samples = m["throughput"] * m["step_time_median"]
+        spread = (samples / m["step_time_max"], samples / m["step_time_min"])
+    return m["throughput"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}", spread
+
+
+# Which harness a record reference asks for: "first", the first GPU run's (2026-11-23, before the keyed dropout
+# kernel and the fused host LAMB: its records say nothing of their harness), "current", one whose records say
+# what they ran with (provenance.harness), or either.
+_HARNESS = {None: "", "first": " by the first harness", "current": " by today's harness"}
+
+
+def _of_harness(rec: dict, which: str | None) -> bool:
+    said = "harness" in (rec.get("provenance") or {})
+    return which is None or (which == "current") == said
+
+
+def projected_cell(run, device, cap) -> dict:
+    """The `l2l-projected` cell kind: the run's step replayed on run.options["projection"]["device"] (a DEVICES
+    name) with its host optimizer, times its GPUs (the paper's 4-GPU rows: its Table 4 shows near-linear scaling),
+    held to its reference (a published figure, or a machine's record, which this cell reads and hands to no
+    method), with the error beside."""
+    p = run.options["projection"]
+    spec = DEVICES[p["device"]]
+    gpus = p.get("gpus", 1)
+    out = project(relay_of(run, spec, p.get("host_optim", "fused"), gpus))
+    ref, what, spread = (
+        reference(p["reference"], run, open_index(paths.RESULTS_DIR))
+        if p.get("reference")
+        else (None, "none: a projection only", None)
+    )
+    throughput = gpus * out.throughput
+    return {
+        "throughput": throughput,
+        "step_time": out.step_s,
+        "busy_projected": out.busy,
+        "bound": out.bound,
+        "compute_s": out.compute_s,
+        "h2d_s": out.h2d_s,
+        "d2h_s": out.d2h_s,
+        "host_s": out.host_s,
+        "reference": ref,
+        "reference_of": what,
+        "error": (throughput - ref) / ref if ref else None,
+        # A record's steps spread: the projection against the nearest end of the throughputs its fastest and slowest
+        # timed steps give (0 inside), since no projection can be held closer than the measurement holds itself.
+        "reference_range": list(spread) if spread else None,
+        "error_to_spread": outside(throughput, spread) if spread else None,
+        "device_spec": spec.name,
+        "assumptions": spec.sources,
+    }

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from suite.measure.flops import peak_tflops, per_sample
+from suite.measure.flops import per_sample
 
 WIRE = {"fp32": 4, "fp16": 2, "bf16": 2}
 HOST_UPDATE = {"adamw": 28, "lamb": 46}  # host bytes a parameter the L2L update streams (see the docstring)
@@ -81,46 +81,16 @@ MACHINES = {
 SLUGS = {"h100": "h100-", "h200": "h200-"}
 
 
-def _latest(experiment: str, row: str, slug: str, key: str, results_dir=None) -> dict | None:
-    """The latest finished `paper` record of experiment/row on a machine whose slug starts with `slug`, as run by its
-    own definition (no --set variant), that has a number at metrics[key] (in `results_dir`, else the suite's)."""
-    from pathlib import Path
-
-    from suite.config import paths
-    from suite.records.schema import status_of
-    from suite.records.store import all_records, machine_of
-
-    found = [
-        rec
-        for rec in all_records(Path(results_dir or paths.RESULTS_DIR))
-        if machine_of(rec).startswith(slug)
-        and (rec["experiment"], rec["row"], rec.get("profile")) == (experiment, row, "paper")
-        and status_of(rec).kind == "ok"
-        and not rec.get("variant")
-        and isinstance((rec.get("metrics") or {}).get(key), (int, float))
-    ]
-    return max(found, key=lambda r: str(r.get("finished") or "")) if found else None
-
-
-def machine(key: str, results_dir=None) -> Machine:
-    """MACHINES[key], its rates replaced by what a lent GPU of that kind measured where one has (its latest
-    bench-link record at `paper` in `results_dir`: the matmuls, attention, each direction of PCIe alone, the host's
-    triad)."""
-    from suite.records.store import machine_of
-
-    spec = MACHINES[key]
-    rec = _latest("bench-link", "block", SLUGS[key], "h2d_gbps", results_dir)
-    if rec is None:
-        return spec
-    m = rec["metrics"]
-    where = f"measured: bench-link on {machine_of(rec)}, {str(rec.get('finished'))[:10]}"
+def measured(spec: Machine, metrics: dict, where: str) -> Machine:
+    """`spec` with its rates replaced by what a lent GPU of its kind measured (a bench-link record's metrics; `where`
+    names the record): the matmuls, attention, each direction of PCIe alone, the host's triad."""
     return dataclasses.replace(
         spec,
-        gemm_tflops=m["gemm_tflops"],
-        attention_tflops=m["attention_tflops"],
-        h2d_gbps=m["h2d_gbps"],
-        d2h_gbps=m["d2h_gbps"],
-        host_gbps=m["triad_gbps"],
+        gemm_tflops=metrics["gemm_tflops"],
+        attention_tflops=metrics["attention_tflops"],
+        h2d_gbps=metrics["h2d_gbps"],
+        d2h_gbps=metrics["d2h_gbps"],
+        host_gbps=metrics["triad_gbps"],
         sources={**spec.sources, "gemm": where, "link": where, "host": where},
     )
 
@@ -228,46 +198,3 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         h2d_bytes=up,
         d2h_bytes=down,
     )
-
-
-def _measured(ref: dict | None) -> tuple[float | None, str]:
-    """The tokens a second of the record `ref` names (a machine's slug prefix, an experiment and a row), and what
-    it is."""
-    if not ref:
-        return None, "none: a projection only"
-    from suite.records.store import machine_of
-
-    rec = _latest(ref["experiment"], ref["row"], ref["machine"], "tokens_per_s")
-    if rec is None:
-        return None, f"no {ref['machine'].rstrip('-')} record of {ref['experiment']}/{ref['row']} yet"
-    return rec["metrics"]["tokens_per_s"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}"
-
-
-def roofline_cell(run, device, cap) -> dict:
-    """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key) and the record the
-    projection is held to, if any."""
-    p = run.options["projection"]
-    spec = machine(p["machine"])
-    out = project(run, spec)
-    ref, what = _measured(p.get("reference"))
-    peak = peak_tflops(spec.gpu, run.precision)
-    tflops = out.flops / out.step_s / 1e12
-    return {
-        "tokens_per_s": out.tokens_per_s,
-        "tflops_6n": 6 * out.parameters * out.tokens_per_s / 1e12,
-        "model_tflops": tflops,
-        "mfu": tflops / peak if peak else None,
-        "step_time": out.step_s,
-        "pcie_gb": out.pcie_bytes / 1e9,
-        "compute_s": out.compute_s,
-        "h2d_s": out.h2d_s,
-        "d2h_s": out.d2h_s,
-        "host_s": out.host_s,
-        "tail_s": out.tail_s,
-        "bound": out.bound,
-        "reference": ref,
-        "reference_of": what,
-        "error": (out.tokens_per_s - ref) / ref if ref else None,
-        "device_spec": spec.name,
-        "assumptions": spec.sources,
-    }

@@ -10,7 +10,7 @@ from suite.commands.sweep import render
 from suite.config.run import RunConfig, apply_overrides
 from suite.core.experiment import get_experiment
 from suite.measure.machine import fingerprint
-from suite.records import store
+from suite.records.index import Index
 
 PROVENANCE = {"commit": "c0ffee" * 6 + "c0ff", "dirty": False, "device": "cpu (x86_64, 2 cores)", "methodology": "1"}
 
@@ -98,7 +98,7 @@ def test_legacy_results_become_records_with_the_same_values(tmp_path, monkeypatc
 
     paths = legacy.convert(tmp_path)
     assert len(paths) == 3
-    records = {r["experiment"]: r for r in store.all_records(tmp_path)}
+    records = {r["experiment"]: r for r in Index(tmp_path).records()}
     # The overhead file predates fingerprints: its record is named by its provenance, as other such records are.
     o = records["bench-overhead"]
     assert paths[0].parent.name == "unfingerprinted-cpu-x86_64-2-cores" and "machine" not in o

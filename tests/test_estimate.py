@@ -281,7 +281,7 @@ def test_an_8b_cell_costs_one_build_and_its_rounds_at_its_roofline_and_a_host_pa
     lines = {ln.what: ln for ln in estimate(stages, "h100", worker=False, results_dir=tmp_path)}
     (cell, _) = get_experiment("decoder-8b").cells("paper", list(rows), ["device=cuda"], None)
     table = CostTable("h100", tmp_path)
-    step = roofline.project(cell.run, roofline.machine("h100")).step_s
+    step = roofline.project(cell.run, roofline.MACHINES["h100"]).step_s
     l2l = lines["decoder-8b/8b-l2l-cmp"]
     assert l2l.source == "own process; steps its roofline on h100 (compute-bound)" and l2l.rounds == 1
     build = table.build(param_count(cell.run.model), "hf")

@@ -21,6 +21,7 @@ from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
 from suite.records import store
+from suite.records.index import Index
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -432,7 +433,7 @@ def test_a_record_file_of_another_json_shape_is_read_as_none_and_replaced_by_the
     path.parent.mkdir(parents=True)
     path.write_text(junk)
     said = []
-    assert store.load(tmp_path, "k", "m", warn=said.append) is None and "not an object" in said[0]
+    assert Index(tmp_path).cell("k", "m", warn=said.append) is None and "not an object" in said[0]
     store.save(tmp_path, "k", "m", {"status": "ok", "metrics": {"throughput": 1.0}, "sweep": "s"})
     assert json.loads(path.read_text())["metrics"] == {"throughput": 1.0}  # the round's figures, saved
 

@@ -11,7 +11,8 @@ from suite.core.plan import COMPLETE, LEFT, NOT_RUN, PAST_CAP, RESUME, REUSED, R
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
-from suite.records import store, tracking
+from suite.records import tracking
+from suite.records.index import Index
 
 
 @pytest.fixture
@@ -169,9 +170,9 @@ def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_p
     monkeypatch.setattr(runner, "choose", lambda *a: OneRoundThenInterrupted())
     with pytest.raises(runner.Interrupted):
         runner.run_cells(req, progress=lambda m: None)
-    now = store.load(tmp_path, cell.key, "m")
+    now = Index(tmp_path).cell(cell.key, "m")
     assert now["status"] == "partial: 1/2 rounds" and now["provenance"]["code"] == code_digest()
-    assert store.earlier(tmp_path, cell.key, "m", "old-sweep")["provenance"]["code"] == "0123456789abcdef"
+    assert Index(tmp_path).kept(cell.key, "m", "old-sweep")[0]["provenance"]["code"] == "0123456789abcdef"
     again = plan(req, [cell], "m", lambda m: None)
     assert [(d.action, d.rounds) for d in again.decisions] == [(RESUME, 1)]
 
@@ -188,12 +189,12 @@ def test_an_interrupted_forced_cell_keeps_its_earlier_record_and_names_the_comma
     req = SweepRequest(make_experiment(rows[:1]), "tiny", results_dir=tmp_path, wandb_mode="off", rounds=2, force=True)
     (cell,) = expand(req)
     Recorder(req, {"slug": "m"}, "old-sweep", progress=lambda m: None).save(cell, _outcome(throughput=7.0))
-    before = store.load(tmp_path, cell.key, "m")
+    before = Index(tmp_path).cell(cell.key, "m")
 
     monkeypatch.setattr(runner, "choose", lambda *a: OneRoundThenInterrupted())
     with pytest.raises(runner.Interrupted) as cut:
         runner.run_cells(req, progress=lambda m: None)
-    assert store.load(tmp_path, cell.key, "m") == before
+    assert Index(tmp_path).cell(cell.key, "m") == before
     assert "0 cell(s) measured again in full, 1 not" in str(cut.value)
     assert str(cut.value).endswith("--force --rounds 2 --only done")
 
@@ -204,13 +205,13 @@ def test_the_recorder_saves_a_final_record_even_when_wandb_fails(tmp_path, rows,
     seen = []
 
     def broken(record, mode, dir=None):
-        assert store.load(tmp_path, cell.key, "m")["status"] == "ok"  # saved before W&B is asked
+        assert Index(tmp_path).cell(cell.key, "m")["status"] == "ok"  # saved before W&B is asked
         raise RuntimeError("no W&B here")
 
     monkeypatch.setattr(tracking, "log_record", broken)
     record = Recorder(req, {"slug": "m"}, "s1", seen.append).save(cell, _outcome(), final=True, tag="[1/1] done")
     assert seen == ["[1/1] done: W&B logging failed: no W&B here"] and "wandb_dir" not in record
-    saved = store.load(tmp_path, cell.key, "m")
+    saved = Index(tmp_path).cell(cell.key, "m")
     assert (saved["sweep"], saved["row"], saved["machine"], saved["variant"]) == ("s1", "done", {"slug": "m"}, "")
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from suite.config import paths
 from suite.records import store
+from suite.records.index import Index
 from suite.records.schema import SCHEMA_VERSION, Outcome, Record, problems
 
 GOOD = {
@@ -51,7 +52,7 @@ def test_a_record_that_does_not_match_gets_one_warning_naming_its_file(tmp_path,
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({**GOOD, **change}))
     seen = []
-    assert store.load(tmp_path, "k", "m", warn=seen.append) is None
+    assert Index(tmp_path).cell("k", "m", warn=seen.append) is None
     (line,) = seen
     assert str(path) in line and words in line and "record schema" in line and "\n" not in line
 
@@ -64,7 +65,7 @@ def test_a_missing_key_is_named_and_optional_ones_may_be_absent():
 
 def test_saved_records_carry_the_schema_version(tmp_path):
     store.save(tmp_path, "k", "m", dict(GOOD))
-    assert store.load(tmp_path, "k", "m")["schema"] == SCHEMA_VERSION
+    assert Index(tmp_path).cell("k", "m")["schema"] == SCHEMA_VERSION
 
 
 def test_an_outcome_off_the_schema_becomes_an_error_status(monkeypatch):

@@ -78,12 +78,14 @@ def test_the_roofline_table_projects_every_row_that_fits():
 def test_a_lent_gpus_measured_rates_replace_the_assumed_ones(monkeypatch):
     """Once a GPU of a kind has a bench-link record, that kind's roofline takes its matmul, attention, PCIe and
     host rates, and says where they come from; the assumptions stand where none has."""
-    monkeypatch.setattr(roofline, "_latest", lambda *a: None)
-    assert roofline.machine("h100") == roofline.MACHINES["h100"]
+    from experiments import decoder_8b_roofline as unit
+
+    monkeypatch.setattr(unit, "_latest", lambda *a: None)
+    assert unit.rates("h100", None) == roofline.MACHINES["h100"]
     figures = dict(gemm_tflops=650.0, attention_tflops=420.0, h2d_gbps=53.0, d2h_gbps=51.0, triad_gbps=88.0)
     record = {"machine": {"slug": "h100-79gb"}, "finished": "2026-12-01T10:00:00", "metrics": figures}
-    monkeypatch.setattr(roofline, "_latest", lambda *a: record if a[:2] == ("bench-link", "block") else None)
-    spec = roofline.machine("h100")
+    monkeypatch.setattr(unit, "_latest", lambda index, *a: record if a[:2] == ("bench-link", "block") else None)
+    spec = unit.rates("h100", None)
     assert (spec.gemm_tflops, spec.attention_tflops, spec.h2d_gbps, spec.d2h_gbps, spec.host_gbps) == (
         650.0, 420.0, 53.0, 51.0, 88.0
     )  # fmt: skip

@@ -13,6 +13,7 @@ from suite.core.request import SweepRequest
 from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
+from suite.records.index import Index
 from suite.report import tables
 
 RATE = {"baseline-fp32": 10.0, "l2l-fp32": 5.0, "l2l-cmp": 20.0}
@@ -44,7 +45,7 @@ def _req(tmp_path, only, overrides=None, force=False):
 
 def test_a_set_method_is_a_variant_keyed_and_labelled_apart_and_left_out_of_the_figures(tmp_path, ran):
     sweep(_req(tmp_path, ["l2l-cmp"]), lambda line: None)  # the table's own rows
-    own = {r["row"]: r for r in store.all_records(tmp_path)}
+    own = {r["row"]: r for r in Index(tmp_path).records()}
     ran["cells"].clear()
     records = {r["row"]: r for r in sweep(_req(tmp_path, ["l2l-cmp"], ["method=amp"]), lambda line: None)}
     # what ran: the row's method replaced, the reference row as the table defines it (never amp against amp)
@@ -52,7 +53,7 @@ def test_a_set_method_is_a_variant_keyed_and_labelled_apart_and_left_out_of_the_
     assert records["l2l-cmp"]["method"] == "amp" and records["baseline-fp32"]["method"] == "grad_accum"
     for row in ("l2l-cmp", "baseline-fp32"):  # keyed apart: the table's own records stand untouched
         assert records[row]["key"] != own[row]["key"] and records[row]["config"]["variant"] == "set method=amp"
-        assert store.load(tmp_path, own[row]["key"], "m")["method"] == own[row]["method"]
+        assert Index(tmp_path).cell(own[row]["key"], "m")["method"] == own[row]["method"]
     titles = [t for t, _, _ in tables.sections(get_experiment("table2"), tmp_path)]
     assert titles == ["tiny profile on m (cpu device)", "tiny profile on m (cpu device), set method=amp"]
     drawn = [t for t, _, _ in tables.sections(get_experiment("table2"), tmp_path, variants=False)]
@@ -77,7 +78,7 @@ def test_a_shape_override_is_no_variant():
 def test_re_running_one_row_keeps_every_other_rows_ratios(tmp_path, ran):
     exp = get_experiment("table2")
     sweep(_req(tmp_path, ["l2l-fp32", "l2l-cmp"]), lambda line: None)
-    first = {r["row"]: r for r in store.all_records(tmp_path)}
+    first = {r["row"]: r for r in Index(tmp_path).records()}
     ran["scale"] = 2.0  # the machine twice as fast now: the re-run's ratios are its own
     sweep(_req(tmp_path, ["l2l-cmp"], force=True), lambda line: None)
     ((title, cells, records),) = tables.sections(exp, tmp_path)
@@ -87,7 +88,7 @@ def test_re_running_one_row_keeps_every_other_rows_ratios(tmp_path, ran):
     assert row["l2l-cmp"][ratio] == pytest.approx(2.0)  # the re-run row, to the reference measured beside it
     assert row["l2l-fp32"][ratio] == pytest.approx(0.5)  # the other row, to the reference of its own sweep
     assert row["l2l-fp32"][memory] == pytest.approx(0.5)
-    kept = store.earlier(tmp_path, first["baseline-fp32"]["key"], "m", first["baseline-fp32"]["sweep"])
+    kept = next(iter(Index(tmp_path).kept(first["baseline-fp32"]["key"], "m", first["baseline-fp32"]["sweep"])), None)
     assert kept["metrics"]["throughput"] == 10.0 and kept["sweep"] == first["l2l-fp32"]["sweep"]
     note = (tmp_path / "table2.md").read_text()
     said = "`l2l-fp32` came from earlier sweeps and take their rate ratios to the reference measured in their own"

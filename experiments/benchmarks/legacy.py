@@ -20,7 +20,7 @@ from experiments.benchmarks import host_optim, l2l_host_step, overhead, pipeline
 from suite.config.paths import RESULTS_DIR, ROOT
 from suite.core.experiment import get_experiment
 from suite.records import store
-from suite.records.store import machine_of
+from suite.records.schema import machine_of
 
 
 @dataclasses.dataclass

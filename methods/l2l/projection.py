@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from suite.measure.flops import block_flops
-from suite.records.schema import status_of
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -288,49 +286,7 @@ def project(r: Relay, steps: int = 4) -> Projection:
     return Projection(step, r.samples, compute_s / step, compute_s, h2d_s, d2h_s, host_s, max(busiest, key=busiest.get))
 
 
-def _reference(ref: dict, run) -> tuple[float | None, str, tuple[float, float] | None]:
-    """The figure a projected row is held to, what it is, and for a record the throughputs of its slowest and
-    fastest timed steps: a published figure (no spread), or a committed record of a machine (its median over the
-    rounds it has)."""
-    if ref.get("source") == "paper":
-        return ref["value"], ref["what"], None
-    from suite.config.paths import RESULTS_DIR
-    from suite.records.store import all_records, machine_of
-
-    found = [
-        rec
-        for rec in all_records(Path(RESULTS_DIR))
-        if machine_of(rec).startswith(ref["machine"])
-        and (rec["experiment"], rec["row"], rec.get("profile")) == (ref["experiment"], ref["row"], "paper")
-        and isinstance((rec.get("metrics") or {}).get("throughput"), (int, float))
-        and _of_harness(rec, ref.get("harness"))
-        and _ran(rec, run)
-    ]
-    if not found:
-        which = f"{ref['experiment']}/{ref['row']}{_HARNESS[ref.get('harness')]}"
-        return None, f"no {ref['machine'].rstrip('-')} record of {which}", None
-    # A finished record before a partial one, then the latest (where several machines match)
-    rec = max(found, key=lambda r: (status_of(r).kind == "ok", str(r.get("finished") or "")))
-    m = rec["metrics"]
-    spread = None
-    if all(isinstance(m.get(k), (int, float)) for k in ("step_time_median", "step_time_min", "step_time_max")):
-        samples = m["throughput"] * m["step_time_median"]
-        spread = (samples / m["step_time_max"], samples / m["step_time_min"])
-    return m["throughput"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}", spread
-
-
-# Which harness a record reference asks for: "first", the first GPU run's (2026-11-23, before the keyed dropout
-# kernel and the fused host LAMB: its records say nothing of their harness), "current", one whose records say
-# what they ran with (provenance.harness), or either.
-_HARNESS = {None: "", "first": " by the first harness", "current": " by today's harness"}
-
-
-def _of_harness(rec: dict, which: str | None) -> bool:
-    said = "harness" in (rec.get("provenance") or {})
-    return which is None or (which == "current") == said
-
-
-def _ran(rec: dict, run) -> bool:
+def ran(rec: dict, run) -> bool:
     """Whether a record ran what the row projects: its table's own run (not a `--set` variant of the row) with the
     same precision, batch, micro-batches, depth, stash and overlap."""
     from suite.core import registry
@@ -352,40 +308,7 @@ def _ran(rec: dict, run) -> bool:
     )
 
 
-def _outside(value: float, spread: tuple[float, float]) -> float:
+def outside(value: float, spread: tuple[float, float]) -> float:
     """How far `value` lies outside [low, high], relative to the end it passes; 0 inside."""
     low, high = spread
     return (value - high) / high if value > high else (value - low) / low if value < low else 0.0
-
-
-def projected_cell(run, device, cap) -> dict:
-    """The `l2l-projected` cell kind: the run's step replayed on run.options["projection"]["device"] (a DEVICES
-    name) with its host optimizer, times its GPUs (the paper's 4-GPU rows: its Table 4 shows near-linear scaling),
-    held to its reference (a published figure, or a machine's record), with the error beside."""
-    p = run.options["projection"]
-    spec = DEVICES[p["device"]]
-    gpus = p.get("gpus", 1)
-    out = project(relay_of(run, spec, p.get("host_optim", "fused"), gpus))
-    ref, what, spread = (
-        _reference(p["reference"], run) if p.get("reference") else (None, "none: a projection only", None)
-    )
-    throughput = gpus * out.throughput
-    return {
-        "throughput": throughput,
-        "step_time": out.step_s,
-        "busy_projected": out.busy,
-        "bound": out.bound,
-        "compute_s": out.compute_s,
-        "h2d_s": out.h2d_s,
-        "d2h_s": out.d2h_s,
-        "host_s": out.host_s,
-        "reference": ref,
-        "reference_of": what,
-        "error": (throughput - ref) / ref if ref else None,
-        # A record's steps spread: the projection against the nearest end of the throughputs its fastest and slowest
-        # timed steps give (0 inside), since no projection can be held closer than the measurement holds itself.
-        "reference_range": list(spread) if spread else None,
-        "error_to_spread": _outside(throughput, spread) if spread else None,
-        "device_spec": spec.name,
-        "assumptions": spec.sources,
-    }

@@ -51,8 +51,8 @@ from suite.core.schedule import pooled, shape_of
 from suite.harness.model import param_count, pool_limit
 from suite.measure import flops
 from suite.measure.provenance import code_digest
-from suite.records.schema import Outcome, Record, failed
-from suite.records.store import all_records, machine_of
+from suite.records.index import latest_each, open_index, row_of
+from suite.records.schema import Outcome, Record, failed, machine_of
 
 WORKER_CELL_S = 2.0  # assumed: a pooled cell's copy, upload to the GPU and first-step kernels (not yet measured)
 TESTS_S = 120.0  # assumed: a stage's tests where no report of the target machine says how long they took
@@ -118,14 +118,15 @@ class CostTable:
     def __init__(self, device: str, results_dir: Path):
         self.device = device
         self._spec = None  # the roofline's machine for `device` (roofline), once asked for
-        every = list(all_records(results_dir))
+        index = open_index(results_dir)
+        every = index.records()
         recs = [r for r in every if machine_of(r).startswith(device)]
         # Counts hold no data, so any machine's says whether a cell passes its cap (the campaign counts it again).
-        self.counted = _latest(r for r in every if r["config"].get("kind") == "count")  # the latest count of each cell
-        self.by_cell = {_cell_key(r): r for r in recs}
+        self.counted = index.latest_each(where=lambda r: r["config"].get("kind") == "count")
+        self.by_cell = {row_of(r): r for r in recs}
         # Any machine's latest record of a cell that took a known time: a host benchmark's cost before the target
         # has run it (its host differs: said where it is used).
-        self.elsewhere = _latest(r for r in every if r.get("duration_s"))
+        self.elsewhere = index.latest_each(where=lambda r: bool(r.get("duration_s")))
         # the target: the machine of its records, else one whose environment report alone is here (stage 1 ran)
         reports = sorted(p.parent.name for p in (results_dir / "campaign").glob(f"{device}*/environment.json"))
         self.machine = machine_of(recs[0]) if recs else (reports[0] if reports else None)
@@ -149,7 +150,7 @@ class CostTable:
         # utilisation where the target has none of the method or the table, and their process starts' growth with
         # the model where the target's records span one model size
         kin = [r for r in every if _kind(machine_of(r)) not in (None, device) and _step_time(r) is not None]
-        self.kin = _latest(kin)
+        self.kin = latest_each(kin)
         self.kin_mfu, kin_points, kin_machines = Utilisation(), [], set()
         for r in kin:
             if (point := _overhead_point(r)) is not None:
@@ -223,12 +224,13 @@ class CostTable:
     def roofline(self, cell: Cell) -> tuple[float, str] | None:
         """The step of `cell` projected by its method's roofline on the target's kind (methods/roofline.py: its rates a
         lent GPU's bench-link record where one was made, else stated assumptions); None where there is none."""
+        from experiments import decoder_8b_roofline
         from methods import roofline
 
         if self.device not in roofline.MACHINES or cell.run.model.resolved().family != "llama":
             return None  # its rates are a decoder block's at thousands of tokens
         if self._spec is None:
-            self._spec = roofline.machine(self.device, self.results_dir)
+            self._spec = decoder_8b_roofline.rates(self.device, open_index(self.results_dir))
         try:
             out = roofline.project(cell.run, self._spec)
         except ValueError:  # a method (or setting) the roofline does not model
@@ -308,19 +310,6 @@ def _params(run) -> int:
     from suite.config.run import RunConfig
 
     return param_count((RunConfig.from_dict(run) if isinstance(run, dict) else run).model)
-
-
-def _cell_key(r: Record) -> tuple:
-    return r["experiment"], r["row"], r.get("profile")
-
-
-def _latest(records) -> dict[tuple, Record]:
-    """The latest (by `finished`) of `records` for each cell."""
-    out: dict[tuple, Record] = {}
-    for r in records:
-        if r.get("finished", "") >= out.get(_cell_key(r), {}).get("finished", ""):
-            out[_cell_key(r)] = r
-    return out
 
 
 def _kind(machine: str) -> str | None:

@@ -38,8 +38,8 @@ KINDS = Catalogue(
         ("planned", CellKind("methods.pipeline.planner.check:planned_cell", watched=True)),
         ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
         ("decoder-largest", CellKind("experiments.decoder_largest:largest", one_process=True, on_host=True)),
-        ("l2l-projected", CellKind("methods.l2l.projection:projected_cell", builds_method=False)),
-        ("roofline", CellKind("methods.roofline:roofline_cell", builds_method=False, on_host=True)),
+        ("l2l-projected", CellKind("experiments.l2l_projection:projected_cell", builds_method=False)),
+        ("roofline", CellKind("experiments.decoder_8b_roofline:roofline_cell", builds_method=False, on_host=True)),
         (
             "count-search",
             CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True, on_host=True),

@@ -20,8 +20,8 @@ from suite.core.schedule import by_shape
 from suite.measure.contention import contended
 from suite.measure.provenance import code_digest, versions
 from suite.measure.step import METHODOLOGY_VERSION
-from suite.records import store
-from suite.records.schema import Outcome, Record, failed, status_of
+from suite.records.index import open_index
+from suite.records.schema import Outcome, Record, failed, machine_of, status_of
 
 COUNTABLE = "projected"  # besides the timed kinds: a planner's projection of a method the count can run instead
 
@@ -185,7 +185,7 @@ def stale_reason(record: Record) -> str | None:
     """Why a finished record is stale to this code: it was measured by another (its provenance's digest of the code,
     suite.measure.provenance.code_digest), or by one that recorded none; None where this code measured it. What
     decides a timed record is the code that ran it: a record of another code is evidence of that code, not of this
-    one, and is measured again (its old figures kept aside by the store: store.earlier)."""
+    one, and is measured again (its old figures kept aside by the store: the index's `kept`)."""
     prov = record.get("provenance") or {}
     code, mine = prov.get("code"), code_digest()
     if code == mine:
@@ -210,7 +210,7 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     if len(twins) != 1 or twins[0].run != cell.run:
         return None
     twin = {"experiment": experiment, "row": row, "key": twins[0].key}
-    rec = store.load(req.results_dir, twins[0].key, machine)
+    rec = open_index(req.results_dir).cell(twins[0].key, machine)
     old = rec is not None and req.stale != "keep" and (why := stale_reason(rec)) is not None
     if rec is None or status_of(rec).unfinished or old:
         state = (f"stale: {why}" if old else rec["status"]) if rec is not None else "no record"
@@ -265,10 +265,10 @@ def _decide(
 ) -> Decision:
     """One cell's decision (a resumed or pending record also sets the sweep the rounds go on in)."""
     tag = p.tags[cell.key]
-    cached = store.load(req.results_dir, cell.key, machine, warn=progress)
+    cached = open_index(req.results_dir).cell(cell.key, machine, warn=progress)
     if cached is not None:
         p.own.add(cell.key)
-    elif (version := store.newer_here(req.results_dir, cell.key, machine)) is not None:
+    elif (version := open_index(req.results_dir).newer_schema(cell.key, machine)) is not None:
         why = f"its record here was written by a newer suite (schema {version}): left untouched, not measured"
         progress(f"{tag}: {why}")
         return Decision(cell, UNTOUCHED, why, failed(f"error: {why}"))
@@ -308,7 +308,7 @@ def _decide(
         and cell.spec.on_host
         and (same := counted_alike(req, cell, machine)) is not None
     ):
-        why = f"counted on {store.machine_of(same)} by this code under the same torch and transformers"
+        why = f"counted on {machine_of(same)} by this code under the same torch and transformers"
         progress(f"{tag}: {same['status']} ({why}: reused, not counted again)")
         return Decision(cell, REUSED, why, same)
     if (why := not_run_reason(cell, req.measure, unavailable)) is not None:
@@ -323,7 +323,7 @@ def counted_alike(req: SweepRequest, cell: Cell, machine: str) -> Record | None:
     transformers: a count runs on fake tensors, so what decides it is the code, the cell's config (its shapes and
     counting device, in its key) and those versions, never the CPU; a new machine reuses it. None where none is."""
     mine = {"code": code_digest(), **dict(zip(("torch", "transformers"), versions()))}
-    for rec in store.elsewhere(req.results_dir, cell.key, machine):
+    for rec in open_index(req.results_dir).others(cell.key, machine):
         prov = rec.get("provenance") or {}
         if status_of(rec).finished and all(prov.get(k) == v for k, v in mine.items()):
             return rec

@@ -34,6 +34,7 @@ from suite.core.rounds import merge
 from suite.harness.device import device_type
 from suite.measure.machine import fingerprint
 from suite.records import store
+from suite.records.index import open_index
 from suite.records.schema import Outcome, Record, failed, status_of
 
 
@@ -90,7 +91,7 @@ def run_cells(
         progress(f"{verb} {len(p.todo)} cell(s) on {fp['slug']}, sweep {p.sweep}: {how}")
     records.update(Rounds(req, p, recorder, progress).run())
     pending = failed("pending: left at the deadline")
-    found = (records.get(c.key) or store.load(req.results_dir, c.key, fp["slug"]) for c in cells)
+    found = (records.get(c.key) or open_index(req.results_dir).cell(c.key, fp["slug"]) for c in cells)
     return [(c, r or recorder.label(c, pending)) for c, r in zip(cells, found)]
 
 

@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations` here: TypedDict reads NotRequired from evaluated annotations (3.11 does
 # not from strings).
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -163,3 +164,11 @@ def newer(record: Any) -> bool:
 def metrics_of(record: Record | None) -> dict[str, Any]:
     """A row's metrics, or none where the row has no record (not run on that machine)."""
     return record["metrics"] if record is not None else {}
+
+
+def machine_of(record: Record) -> str:
+    """The slug of the machine a record came from; records made before fingerprints are named by their provenance."""
+    if record.get("machine", {}).get("slug"):
+        return record["machine"]["slug"]
+    device = (record["provenance"] or {}).get("device") or "unknown device"
+    return "unfingerprinted-" + "-".join(re.findall(r"[A-Za-z0-9_]+", device)).lower()

@@ -1,13 +1,13 @@
 """The record store: one JSON record per cell and machine, results/runs/<machine>/<key>.json, written atomically
-and checked against the record schema (suite/records/schema.py) when read."""
+and checked against the record schema (suite/records/schema.py) when read. It writes and reads one file; what is
+asked of the records as a whole is the index's (suite/records/index.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from suite.config.errors import ConfigError
@@ -23,59 +23,51 @@ def run_path(results_dir: Path, key: str, machine: str) -> Path:
 _warned: set[tuple[str, str]] = set()  # (file, warning) said in this process: each once per command
 
 
-def _once(warn: Callable[[str], None], path: Path, line: str) -> None:
+def once(warn: Callable[[str], None], path: Path, line: str) -> None:
     if (str(path), line) not in _warned:
         _warned.add((str(path), line))
         warn(line)
 
 
-def read(path: Path, warn: Callable[[str], None] = print) -> Record | None:
+def read(path: Path, warn: Callable[[str], None] = print, once_: bool = True) -> Record | None:
     """The record at `path`, or None with one warning line naming the file (once per file in a command) when it is
     not a readable record or does not match the record schema (suite/records/schema.py). A record a newer suite
-    wrote is said to be left untouched: the runner never writes over it (suite.core.plan)."""
+    wrote is said to be left untouched: the runner never writes over it (suite.core.plan). `once_=False` says each
+    warning every time (the index keeps each line and says it once in a command: suite/records/index.py)."""
+    say = (lambda path, line: once(warn, path, line)) if once_ else (lambda path, line: warn(line))
     try:
         with open(path) as f:
             rec = json.load(f)
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        _once(warn, path, f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); measured again")
+        say(path, f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); measured again")
         return None
     if newer(rec):
-        _once(warn, path, f"warning: {path} was written by a newer suite (schema {rec['schema']}, this one reads up "
+        say(path, f"warning: {path} was written by a newer suite (schema {rec['schema']}, this one reads up "
               f"to {SCHEMA_VERSION}): left untouched, not read")  # fmt: skip
         return None
     if wrong := problems(rec):
         said = ", ".join(wrong)
-        _once(warn, path, f"warning: {path} does not match the record schema (suite/records/schema.py: {said}); "
+        say(path, f"warning: {path} does not match the record schema (suite/records/schema.py: {said}); "
               "measured again")  # fmt: skip
         return None
     return rec
 
 
-def newer_here(results_dir: Path, key: str, machine: str) -> int | None:
-    """The schema of this machine's record of `key` where a newer suite wrote it (left untouched), else None."""
-    try:
-        rec = json.loads(run_path(results_dir, key, machine).read_text())
-    except (OSError, ValueError):
-        return None
-    return rec["schema"] if newer(rec) else None
-
-
-def load(results_dir: Path, key: str, machine: str, warn: Callable[[str], None] = print) -> Record | None:
-    """This machine's record of cell `key`; records of other machines are never reused."""
-    path = run_path(results_dir, key, machine)
-    return read(path, warn) if path.exists() else None
-
-
 def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
     """Write atomically (a temporary file of its own, renamed), so an interrupted sweep never leaves a half-written
     record and two processes saving one cell each leave a whole one; stamped with the schema's version. A finished
-    record of another sweep that this one replaces is kept under EARLIER (earlier())."""
+    record of another sweep that this one replaces is kept under EARLIER (the index's `kept`)."""
+    global saves
     record = {**record, "schema": SCHEMA_VERSION}
     path = run_path(results_dir, key, machine)
-    _keep_earlier(path, record.get("sweep"))
-    return write_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=str))
+    try:
+        _keep_earlier(path, record.get("sweep"))
+        return write_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=str))
+    finally:
+        saves += 1
 
 
+saves = 0  # records saved by this process: an index read before a save reads again (suite/records/index.py)
 EARLIER = "earlier"  # runs/<machine>/earlier/<key>.<sweep>.json: a cell's finished records of earlier sweeps
 
 
@@ -90,18 +82,6 @@ def _keep_earlier(path: Path, sweep: str | None) -> None:
         return
     if old.get("status") == "ok" and old.get("sweep") and old["sweep"] != sweep and not newer(old):
         write_atomic(path.parent / EARLIER / f"{path.stem}.{old['sweep']}.json", path.read_text())
-
-
-def earlier(results_dir: Path, key: str, machine: str, sweep: str) -> Record | None:
-    """This machine's `ok` record of cell `key` made in `sweep`, where a later sweep replaced it; else None."""
-    path = run_path(results_dir, key, machine).parent / EARLIER / f"{key}.{sweep}.json"
-    return read(path) if path.exists() else None
-
-
-def earlier_records(results_dir: Path, key: str, machine: str) -> list[Record]:
-    """Every earlier record of cell `key` this machine's store kept (earlier sweeps' `ok` records it replaced)."""
-    folder = run_path(results_dir, key, machine).parent / EARLIER
-    return [rec for path in sorted(folder.glob(f"{key}.*.json")) if (rec := read(path)) is not None]
 
 
 def writable(results_dir: Path, machine: str) -> None:
@@ -119,27 +99,3 @@ def writable(results_dir: Path, machine: str) -> None:
             f"results folder {results_dir} cannot be written ({exc.strerror or exc}): give SUITE_RESULTS_DIR a folder "
             "this user can write"
         ) from None
-
-
-def all_records(results_dir: Path, warn: Callable[[str], None] = print) -> Iterator[Record]:
-    """Every readable record: those of each machine's folder, and the flat ones that predate fingerprints."""
-    runs = results_dir / "runs"
-    for path in sorted([*runs.glob("*.json"), *runs.glob("*/*.json")]):
-        rec = read(path, warn)
-        if rec is not None:
-            yield rec
-
-
-def elsewhere(results_dir: Path, key: str, machine: str) -> Iterator[Record]:
-    """Other machines' records of cell `key` (a count's, which no machine's load or CPU decides)."""
-    for path in sorted((results_dir / "runs").glob(f"*/{key}.json")):
-        if path.parent.name != machine and (rec := read(path, lambda line: None)) is not None:
-            yield rec
-
-
-def machine_of(record: Record) -> str:
-    """The slug of the machine a record came from; records made before fingerprints are named by their provenance."""
-    if record.get("machine", {}).get("slug"):
-        return record["machine"]["slug"]
-    device = (record["provenance"] or {}).get("device") or "unknown device"
-    return "unfingerprinted-" + "-".join(re.findall(r"[A-Za-z0-9_]+", device)).lower()

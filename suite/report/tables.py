@@ -22,8 +22,8 @@ from suite.core.rounds import RATES, spread
 from suite.measure.contention import contended
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
-from suite.records.schema import Record, metrics_of, status_of
-from suite.records.store import all_records, earlier, earlier_records, machine_of
+from suite.records.index import open_index
+from suite.records.schema import Record, machine_of, metrics_of, status_of
 from suite.records.trust import suspect
 
 
@@ -585,8 +585,9 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
     """Every (machine, profile, device, variant) this experiment has records for, each with its rows in order;
     without `variants`, those of the table's own rows only, as its figures draw them: none of a sweep whose --set
     changed what its rows run (a method, a precision, an option: Experiment.variant_pairs)."""
+    index = open_index(results_dir)
     groups: dict[tuple, dict[str, dict]] = {}
-    for rec in all_records(results_dir, warn):
+    for rec in index.records(warn):
         if rec.get("experiment") != exp.name or (not variants and (rec.get("config") or {}).get("variant")):
             continue
         key = (rec.get("profile"), machine_of(rec), rec.get("device_type"), rec.get("variant") or "")
@@ -606,11 +607,11 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
             rec = by_row.get(name)
             if rec and base and rec.get("sweep") and rec["sweep"] != base.get("sweep") and name != exp.baseline:
                 # a row of an earlier sweep takes its ratios to that sweep's reference, where one was kept
-                ref = earlier(results_dir, base["key"], machine, rec["sweep"])
-                if ref is not None and (why := suspect(ref, earlier_records(results_dir, ref["key"], machine))):
+                ref = next(iter(index.kept(base["key"], machine, rec["sweep"])), None)
+                if ref is not None and (why := suspect(ref, index.kept(ref["key"], machine))):
                     ref = {**ref, "suspect": why}  # a suspect reference of that sweep gives no ratio either
                 rec = {**rec, "reference": ref} if ref is not None else rec
-            if rec and (why := suspect(rec, earlier_records(results_dir, rec["key"], machine))):
+            if rec and (why := suspect(rec, index.kept(rec["key"], machine))):
                 rec = {**rec, "suspect": why}  # shown with its reason; no ratio, bar or verdict rests on it
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
             cells.append(Cell(exp.name, row, run, profile))

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from methods.l2l.projection import DEVICES, project, projected_cell, relay_of
+from experiments.l2l_projection import projected_cell
+from methods.l2l.projection import DEVICES, project, relay_of
 from suite.config.run import ModelConfig, RunConfig
 
 
@@ -80,9 +81,10 @@ def test_gpus_sharing_a_host_pay_its_sum_of_their_gradients_before_each_update()
 
 
 def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
+    from experiments import l2l_projection
     from methods.l2l import projection
 
-    monkeypatch.setattr(projection, "_reference", lambda ref, run: (40.0, "a record", (30.0, 45.0)))
+    monkeypatch.setattr(l2l_projection, "reference", lambda ref, run, index: (40.0, "a record", (30.0, 45.0)))
     run = dataclasses.replace(
         _run(1), options={**_run(1).options, "projection": {"device": "h100", "reference": {"source": "record"}}}
     )
@@ -90,17 +92,17 @@ def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
     inside = 30.0 <= m["throughput"] <= 45.0
     assert m["reference_range"] == [30.0, 45.0]
     assert m["error_to_spread"] == (0.0 if inside else pytest.approx((m["throughput"] - 45.0) / 45.0))
-    assert projection._outside(50.0, (30.0, 45.0)) == pytest.approx(5 / 45)
-    assert projection._outside(27.0, (30.0, 45.0)) == pytest.approx(-0.1)
-    assert projection._outside(31.0, (30.0, 45.0)) == 0.0
+    assert projection.outside(50.0, (30.0, 45.0)) == pytest.approx(5 / 45)
+    assert projection.outside(27.0, (30.0, 45.0)) == pytest.approx(-0.1)
+    assert projection.outside(31.0, (30.0, 45.0)) == 0.0
 
 
 def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_the_latest(monkeypatch):
     """The first GPU run's records say nothing of their harness; today's do (provenance.harness). A row held to the
     first run keeps its record when a GPU of the same kind commits new ones; a row held to today's takes the newest
     finished one that ran the projected run: not a `--set` variant of the row, nor another shape or setting."""
-    from methods.l2l import projection
-    from suite.records import store
+    from experiments import l2l_projection
+    from suite.records.index import Index
 
     run = _run(1)  # fp16, 24 layers, one micro-batch of 64, overlap on, stash on the host
     same = {
@@ -134,11 +136,11 @@ def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_t
         rec("h100-79gb", 98.0, "2026-12-03", True, options={"overlap": "off", "stash": "cpu"}),  # another setting
         rec("h200-140gb", 70.0, "2026-12-03", True),
     ]
-    monkeypatch.setattr(store, "all_records", lambda *a, **k: iter(records))
+    monkeypatch.setattr(Index, "records", lambda self, warn=None: records)
 
     def ref(machine, harness, run=run):
         got = {"source": "record", "machine": machine, "experiment": "table3", "row": "l2l-cmp-u1", "harness": harness}
-        return projection._reference(got, run)
+        return l2l_projection.reference(got, run, Index("unused"))
 
     assert ref("h100-79gb", "first")[:2] == (48.9, "h100-79gb record table3/l2l-cmp-u1")
     assert ref("h100-79gb", "current")[:2] == (60.0, "h100-79gb record table3/l2l-cmp-u1")

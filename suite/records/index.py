@@ -1,0 +1,203 @@
+"""The one index over the records: results/runs/ read once, and the few questions every reader asks of it.
+
+The plan, the recorder, the tables, the claims, the trust rules, the estimate and the projections ask this index;
+none of them lists or opens results/runs/ itself (the store writes and reads one file; suite/records/store.py).
+
+- `cell(key, machine)`: this machine's record of one cell (what the plan reuses); `newer_schema` where a newer suite
+  wrote it; `others(key, machine)`: other machines' records of that cell (a count any machine may reuse).
+- `records()`: every current record (each machine's folder, and the flat ones that predate fingerprints).
+- `latest(experiment, row, machine)`: the latest record of a row on a machine or a machine kind (a slug's prefix);
+  `latest_each(records)`: the latest of each row among some records.
+- `kept(key, machine, sweep)`: the records of a cell the store kept when later sweeps replaced them.
+- `previous(record)`: the record of the same row, machine and profile that came before it, whatever its key.
+
+An index is read on its first question and kept for the command: `open_index(results_dir)` gives the same index to
+every reader in a process; it reads again after this process saves a record (store.save) or when a record file
+changes under it (its name, time or size).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from suite.records import store
+from suite.records.schema import Record, machine_of, newer, status_of
+
+
+@dataclass
+class _File:
+    """One record file as read: its record, or the warning it gets (unreadable, of another schema), and the schema of
+    a newer suite where one wrote it."""
+
+    path: Path
+    record: Record | None
+    warning: str | None
+    newer_schema: int | None
+
+
+class Index:
+    """Every record under `results_dir`/runs, read once (see the module)."""
+
+    def __init__(self, results_dir: Path):
+        self.results_dir = Path(results_dir)
+        self._files: dict[Path, _File] | None = None
+        self._saves = -1  # store.saves when the files were read: a save in this process reads them again
+
+    # reading -----------------------------------------------------------------------------------------------------
+
+    def _read(self, path: Path) -> _File:
+        said: list[str] = []
+        rec = store.read(path, said.append, once_=False)
+        schema = None
+        if rec is None:
+            try:
+                raw = json.loads(path.read_text())
+                schema = raw["schema"] if newer(raw) else None
+            except (OSError, ValueError, TypeError, KeyError):
+                schema = None
+        return _File(path, rec, said[0] if said else None, schema)
+
+    @property
+    def files(self) -> dict[Path, _File]:
+        if self._files is None or self._saves != store.saves:
+            self._saves = store.saves
+            runs = self.results_dir / "runs"
+            paths = [*runs.glob("*.json"), *runs.glob("*/*.json"), *runs.glob(f"*/{store.EARLIER}/*.json")]
+            self._files = {p: self._read(p) for p in sorted(paths)}
+        return self._files
+
+    def _say(self, files: Iterable[_File], warn: Callable[[str], None]) -> None:
+        for f in files:
+            if f.warning:
+                store.once(warn, f.path, f.warning)
+
+    def _current(self) -> list[_File]:
+        return [f for f in self.files.values() if f.path.parent.name != store.EARLIER]
+
+    # the questions -----------------------------------------------------------------------------------------------
+
+    def records(self, warn: Callable[[str], None] = print) -> list[Record]:
+        """Every readable current record, in the order of their files (a warning for each file that is not one)."""
+        files = self._current()
+        self._say(files, warn)
+        return [f.record for f in files if f.record is not None]
+
+    def cell(self, key: str, machine: str, warn: Callable[[str], None] = print) -> Record | None:
+        """This machine's record of cell `key`; records of other machines are never reused."""
+        f = self.files.get(store.run_path(self.results_dir, key, machine))
+        if f is None:
+            return None
+        self._say([f], warn)
+        return f.record
+
+    def newer_schema(self, key: str, machine: str) -> int | None:
+        """The schema of this machine's record of `key` where a newer suite wrote it (left untouched), else None."""
+        f = self.files.get(store.run_path(self.results_dir, key, machine))
+        return f.newer_schema if f is not None else None
+
+    def others(self, key: str, machine: str) -> list[Record]:
+        """Other machines' records of cell `key` (a count's, which no machine's load or CPU decides)."""
+        return [
+            f.record
+            for f in self._current()
+            if f.record is not None and f.path.name == f"{key}.json" and f.path.parent.name not in (machine, "runs")
+        ]
+
+    def kept(self, key: str, machine: str, sweep: str | None = None) -> list[Record]:
+        """This machine's `ok` records of cell `key` made in earlier sweeps and replaced by later ones (the store
+        keeps them: store.EARLIER), all of them or the one of `sweep`."""
+        folder = store.run_path(self.results_dir, key, machine).parent / store.EARLIER
+        name = f"{key}.{sweep}.json" if sweep else None
+        return [
+            f.record
+            for path, f in self.files.items()
+            if f.record is not None
+            and path.parent == folder
+            and (path.name == name if name else path.name.startswith(f"{key}."))
+        ]
+
+    def latest(
+        self,
+        experiment: str,
+        row: str,
+        machine: str,
+        profile: str = "paper",
+        where: Callable[[Record], bool] | None = None,
+        order: Callable[[Record], object] | None = None,
+    ) -> Record | None:
+        """The latest current record of experiment/row at `profile` on a machine whose slug starts with `machine` (a
+        slug, or a kind's prefix: `h100-`) that `where` accepts; `order` ranks candidates (default: when finished)."""
+        found = [
+            rec
+            for rec in self.records(warn=lambda _: None)
+            if machine_of(rec).startswith(machine)
+            and (rec.get("experiment"), rec.get("row"), rec.get("profile")) == (experiment, row, profile)
+            and (where is None or where(rec))
+        ]
+        return max(found, key=order or (lambda r: str(r.get("finished") or ""))) if found else None
+
+    def latest_each(self, machine: str = "", where: Callable[[Record], bool] | None = None) -> dict[tuple, Record]:
+        """The latest current record of each row (experiment, row, profile) on a machine whose slug starts with
+        `machine` (every machine: ""), among those `where` accepts; of two finished at once, the later file's."""
+        return latest_each(r for r in self.records(warn=lambda _: None) if machine_of(r).startswith(machine)
+                           and (where is None or where(r)))  # fmt: skip
+
+    def previous(self, record: Record) -> Record | None:
+        """The finished record of `record`'s row (experiment, row, variant) on its machine and profile that was
+        finished last before it, whatever its cell key: current records of other keys and kept ones alike."""
+        mine = (record.get("experiment"), record.get("row"), record.get("profile"), record.get("variant") or "")
+        slug, when = machine_of(record), str(record.get("finished") or "")
+        found = [
+            rec
+            for f in self.files.values()
+            if (rec := f.record) is not None
+            and (rec.get("experiment"), rec.get("row"), rec.get("profile"), rec.get("variant") or "") == mine
+            and machine_of(rec) == slug
+            and str(rec.get("finished") or "") < when
+            and status_of(rec).finished
+        ]
+        return max(found, key=lambda r: str(r.get("finished") or "")) if found else None
+
+
+def row_of(record: Record) -> tuple:
+    """A record's row: (experiment, row, profile)."""
+    return record.get("experiment"), record.get("row"), record.get("profile")
+
+
+def latest_each(records: Iterable[Record]) -> dict[tuple, Record]:
+    """The latest (by `finished`) of `records` for each row (row_of); of two finished at once, the later one's."""
+    out: dict[tuple, Record] = {}
+    for r in records:
+        if str(r.get("finished") or "") >= str(out.get(row_of(r), {}).get("finished") or ""):
+            out[row_of(r)] = r
+    return out
+
+
+_open: dict[Path, tuple[tuple, Index]] = {}
+
+
+def _signature(results_dir: Path) -> tuple:
+    """What changes when a record file is added, rewritten or removed: each file's name, time and size."""
+    runs = results_dir / "runs"
+    out = []
+    for path in [*runs.glob("*.json"), *runs.glob("*/*.json"), *runs.glob(f"*/{store.EARLIER}/*.json")]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(sorted(out))
+
+
+def open_index(results_dir: Path) -> Index:
+    """The index of `results_dir` for this process: read once, read again after a save or a change under it."""
+    where = Path(results_dir).resolve()
+    sig = _signature(where)
+    held = _open.get(where)
+    if held is None or held[0] != sig:
+        held = _open[where] = (sig, Index(results_dir))
+    return held[1]
