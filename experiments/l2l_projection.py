@@ -7,6 +7,7 @@ from experiments import table2, table3
 from methods.l2l.projection import DEVICES, outside, project, ran, relay_of
 from suite.config import paths
 from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
+from suite.measure import machines
 from suite.records.index import Index, open_index
 from suite.records.schema import machine_of, status_of
 
@@ -21,9 +22,8 @@ TABLE2_RELAYS = (
     *((row, method, options) for row, method, _, options, _ in table2.VARIANTS),
 )
 TABLE3_L2L = table3.L2L_OPTIONS
-# The GPUs a campaign is lent, by the slug (or its start) their records carry: the H100 80GB SXM of the first run
-# (an H100 PCIe or NVL would be another device), an H200 of whatever memory it reports.
-LENT = {"h100": "h100-79gb", "h200": "h200-"}
+# The GPUs a campaign is lent, by the start of the slug their records carry (the machine catalogue's).
+LENT = {name: machines.kind(name).slug for name in machines.LENT}
 # The paper's throughputs (samples/s): Table 4's single V100, Tables 2 and 3 over 4.
 PAPER_1GPU = {1: 14.57, 2: 18.6, 4: 22.07}
 PAPER_4GPU = {("cmp", 1): 52.48, ("cmp", 2): 70.97, ("cmp", 4): 84.91, ("fp32", 1): 22.5}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from suite.measure import machines
 from suite.measure.flops import per_sample
 
 WIRE = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -37,7 +38,7 @@ class Machine:
     """One GPU, its link and its host, each rate with where it comes from."""
 
     name: str
-    gpu: str  # the name torch reports, for the dense peak (suite.measure.flops.PEAKS)
+    gpu: str  # the name torch reports, for the dense peak (the machine catalogue's)
     gemm_tflops: float  # achieved in a decoder block's matmuls at bf16
     attention_tflops: float  # achieved by causal attention, forward and backward, counted as MFU counts it
     h2d_gbps: float  # pinned host memory to the device, per direction
@@ -47,38 +48,31 @@ class Machine:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-H100 = Machine(
-    "H100 80GB HBM3 SXM, PCIe Gen5 x16, a 16-core host",
-    "NVIDIA H100 80GB HBM3",
-    gemm_tflops=600.0,
-    attention_tflops=500.0,
-    h2d_gbps=50.0,
-    d2h_gbps=50.0,
-    host_gbps=100.0,
-    device_gbps=3000.0,
-    sources={
-        "gemm": "assumed: 61% of the 989 TFLOPS dense bf16 peak in 4096-token Llama matmuls and flash attention "
-        "(cuBLAS reaches 600-700 at these shapes; the suite's own measurement is bench-link's, not yet made there); "
-        "attention 500 as counted (every query against every key: a causal kernel does half that work)",
-        "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction (as methods/l2l/projection.py)",
-        "host": "assumed: 100 GB/s streaming at 16 cores (issue 54 puts a server's at 75-150)",
-        "device": "assumed: 3.0 TB/s of the HBM3's 3.35",
-    },
-)
-MACHINES = {
-    "h100": H100,
-    "h200": dataclasses.replace(
-        H100,
-        name="H200 141GB HBM3e SXM, PCIe Gen5 x16, a 16-core host",
-        gpu="NVIDIA H200",
-        device_gbps=4300.0,
-        sources={**H100.sources, "device": "assumed: 4.3 TB/s of the HBM3e's 4.8", "gemm": "assumed: the H100's"},
-    ),
-}
+def _of(name: str) -> Machine:
+    """The catalogue's kind `name` as the roofline reads it (suite/measure/machines.py: every rate's source)."""
+    kind = machines.kind(name)
+    r = kind.rates
+    return Machine(
+        kind.title,
+        kind.gpu,
+        gemm_tflops=kind.rate("gemm_tflops"),
+        attention_tflops=kind.rate("attention_tflops"),
+        h2d_gbps=kind.rate("h2d_gbps"),
+        d2h_gbps=kind.rate("d2h_gbps"),
+        host_gbps=kind.rate("host_gbps"),
+        device_gbps=kind.rate("device_gbps"),
+        sources={
+            "gemm": f"{r['gemm_tflops'].source}; attention {r['attention_tflops'].source}",
+            "link": r["h2d_gbps"].source,
+            "host": r["host_gbps"].source,
+            "device": r["device_gbps"].source,
+        },
+    )
 
 
-# A lent machine's slug starts with its kind's name (the records' `machine`)
-SLUGS = {"h100": "h100-", "h200": "h200-"}
+# The lent kinds, and the prefix of their records' machine slugs
+MACHINES = {name: _of(name) for name in machines.LENT}
+SLUGS = {name: machines.kind(name).slug for name in machines.LENT}
 
 
 def measured(spec: Machine, metrics: dict, where: str) -> Machine:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from suite.measure import machines
 from suite.measure.flops import block_flops
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -51,15 +52,15 @@ class DeviceSpec:
 H100 = DeviceSpec(
     "H100 80GB HBM3 SXM, PCIe Gen5 x16 (h100-79gb)",
     tflops={"fp16": 130.0, "bf16": 130.0, "fp32": 40.0},
-    h2d_gbps=50.0,
-    d2h_gbps=50.0,
+    h2d_gbps=machines.kind("h100").rate("h2d_gbps"),
+    d2h_gbps=machines.kind("h100").rate("d2h_gbps"),
     prepare_ns=0.5,
     commit_ns={"foreach": 2.5, "fused": 0.5},
     sources={
         "tflops": "measured, this harness (h100-79gb, 2026-11-23): fp16 (and bf16, taken equal) from Table 3's "
         "AMP recomputing per layer (0.66 s per micro-batch of 64 x 512, recompute counted: 130 TFLOPS); fp32 "
         "assumed 60% of the 66.9 TFLOPS FP32 peak (the FP32 baseline at micro-batch 2 reached 32%)",
-        "link": "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction",
+        "link": machines.kind("h100").rates["h2d_gbps"].source,
         "host": "assumed: foreach LAMB 2.5 ns/param on its 16 cores (not measured there: the records predate "
         "the host benchmark, which the next campaign runs); fused 0.5 (cpu-epyc's 0.79 at 2 threads, taken "
         "faster on 16); prepare 0.5",
@@ -74,15 +75,15 @@ DEVICES = {
     "v100": DeviceSpec(
         "V100-16GB, PCIe Gen3 x16 (the L2L paper's machine)",
         tflops={"fp16": 36.0, "fp32": 12.0},
-        h2d_gbps=11.0,
-        d2h_gbps=11.0,
+        h2d_gbps=machines.kind("v100").rate("h2d_gbps"),
+        d2h_gbps=machines.kind("v100").rate("d2h_gbps"),
         prepare_ns=1.0,
         commit_ns={"paper": 5.0, "foreach": 3.0, "fused": 1.0},
         reduce_gbps=25.0,
         sources={
             "tflops": "assumed: fp16 29% of the V100's 125 TFLOPS tensor peak (BERT-Large kernels of 2019-20, "
             "micro-batch 64 x 512), fp32 76% of its 15.7 TFLOPS",
-            "link": "assumed: PCIe Gen3 x16, 11 GB/s effective of 15.75 per direction",
+            "link": machines.kind("v100").rates["h2d_gbps"].source,
             "host": "assumed: 5 ns/param for the paper's per-tensor PyTorch LAMB (the suite's foreach LAMB, "
             "3.0-3.8 ns/param on cpu-epyc, taken 1.5x slower on a 2019 host); prepare 1 ns/param; several GPUs' "
             "gradients summed on the host at 25 GB/s (a 2019 server's tensor add; the triad on cpu-epyc: 33-45 GB/s)",
@@ -93,12 +94,12 @@ DEVICES = {
         H100,
         name="A100 80GB SXM, PCIe Gen4 x16",
         tflops={"fp16": 130.0 * 312 / 989, "bf16": 130.0 * 312 / 989, "fp32": 0.6 * 19.5},
-        h2d_gbps=25.0,
-        d2h_gbps=25.0,
+        h2d_gbps=machines.kind("a100").rate("h2d_gbps"),
+        d2h_gbps=machines.kind("a100").rate("d2h_gbps"),
         sources={
             "tflops": "projected: the H100's measured fp16 utilisation (13%) of the A100's 312 TFLOPS; fp32 60% "
             "of 19.5",
-            "link": "assumed: PCIe Gen4 x16, 25 GB/s effective of 31.5 per direction",
+            "link": machines.kind("a100").rates["h2d_gbps"].source,
             "host": "assumed: the H100 host's figures",
         },
     ),
@@ -107,18 +108,18 @@ DEVICES = {
         name="H200 141GB HBM3e SXM, PCIe Gen5 x16",
         sources={
             "tflops": "projected: the H100's measured rates (the same compute; its faster HBM3e not credited)",
-            "link": "assumed: as the H100's, PCIe Gen5 x16",
+            "link": machines.kind("h200").rates["h2d_gbps"].source,
             "host": "assumed: the H100 host's figures (the lent H200's host has 16 cores too)",
         },
     ),
     "gh200": dataclasses.replace(
         H100,
         name="GH200 (H100 96GB + Grace, NVLink-C2C)",
-        h2d_gbps=350.0,
-        d2h_gbps=350.0,
+        h2d_gbps=machines.kind("gh200").rate("h2d_gbps"),
+        d2h_gbps=machines.kind("gh200").rate("d2h_gbps"),
         sources={
             "tflops": "projected: the H100's measured rates (same GPU)",
-            "link": "assumed: NVLink-C2C, 350 GB/s effective of 450 per direction",
+            "link": machines.kind("gh200").rates["h2d_gbps"].source,
             "host": "assumed: the H100 host's figures (Grace's 72 cores and LPDDR5X would be faster: not measured)",
         },
     ),

@@ -5,7 +5,7 @@ Which cells run, and how many rounds, is not decided here: each stage's sweep is
 settles without running (reused, a twin's, not run, past its cap, complete) costs nothing, and this module prices
 the rest. A cell-round's cost is its timed part, (warm-up + timed steps) x step time, plus what starting it costs:
 - the step time is the target machine's own record of the cell where one was measured (`measured`), else the
-  cell's step measured on another lent GPU kind (PEAK_OF's: the same image, the same architecture), times its peak
+  cell's step measured on another lent GPU kind (the catalogue's: the same image and architecture), times its peak
   over the target's, else, where the target has no record of the cell's table in its precision, a decoder's
   (Llama's) step by its method's roofline on the target's kind where it has one (methods/roofline.py: L2L, FSDP2's
   offload, AMP, AG), else the training FLOPs (suite.measure.flops) at the median MFU that machine's records of the
@@ -49,7 +49,7 @@ from suite.core.plan import COMPLETE, PAST_CAP, REUSED, RUNS, TWIN, Decision, Pl
 from suite.core.registry import get as get_method
 from suite.core.schedule import pooled, shape_of
 from suite.harness.model import param_count, pool_limit
-from suite.measure import flops
+from suite.measure import flops, machines
 from suite.measure.provenance import code_digest
 from suite.records.index import latest_each, open_index, row_of
 from suite.records.schema import Outcome, Record, failed, machine_of
@@ -63,7 +63,6 @@ BENCHMARKS, BENCHMARK_S = 3, 2.0  # assumed: the host benchmarks of L2L's microb
 # max time each, with its calibration)
 BENCH_STEPS = 7  # their CUDA step breakdown: two warm-up steps and five timed ones (tests/l2l/test_l2l_bench.py)
 COUNTS_S = 30.0  # assumed: a sweep's counts of its capped cells, side by side on the host's cores, before it runs
-PEAK_OF = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # What the lent GPU's image lacks (docs/gpu-campaign.md; the mimic environment checks the same, Makefile MIMIC_ABSENT)
 # where a target's environment report does not name the library (the first H100 report predates the question).
 GPU_IMAGE_LACKS = ("datasets", "wandb", "deepspeed")
@@ -139,7 +138,7 @@ class CostTable:
         self.precount_as = (code_digest(), target["torch"], target.get("transformers")) if target.get("torch") else None
         self.ram = (target.get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM
         self.pool_limit = pool_limit(self.ram)
-        self.peak_name = PEAK_OF.get(device, device)
+        self.peak_name = machines.kind(device).gpu if device in machines.LENT else device
         overheads, self.mfu = [], Utilisation()
         for r in recs:
             if (point := _overhead_point(r)) is None:
@@ -156,7 +155,7 @@ class CostTable:
             if (point := _overhead_point(r)) is not None:
                 kin_points.append(point)
                 kin_machines.add(machine_of(r))
-                peak_name = PEAK_OF[_kind(machine_of(r))]
+                peak_name = machines.kind(_kind(machine_of(r))).gpu
                 self.kin_mfu.add(r, self._mfu(r["config"]["run"], r["metrics"]["throughput"], peak_name))
         self.overhead, self.overhead_how = _fit(overheads), f"fitted over {self.machine}'s records"
         prior = _fit(kin_points)
@@ -193,7 +192,7 @@ class CostTable:
             return _step_time(rec), "measured"
         # Measured on another lent kind: its step at the target's peak (an estimate only, named)
         if (kin := self.kin.get(cell_key)) is not None:
-            theirs = flops.peak_tflops(PEAK_OF[_kind(machine_of(kin))], cell.run.precision)
+            theirs = flops.peak_tflops(machines.kind(_kind(machine_of(kin))).gpu, cell.run.precision)
             ours = flops.peak_tflops(self.peak_name, cell.run.precision)
             scale = theirs / ours if theirs and ours else 1.0
             return _step_time(kin) * scale, f"{machine_of(kin)}'s measured step x {scale:.2f} (its peak / the target's)"
@@ -313,8 +312,9 @@ def _params(run) -> int:
 
 
 def _kind(machine: str) -> str | None:
-    """The lent GPU kind (PEAK_OF's key) a machine's slug names, else None."""
-    return next((k for k in PEAK_OF if machine.startswith(k)), None)
+    """The lent GPU kind (the machine catalogue's name) a machine's slug names, else None."""
+    found = machines.of_slug(machine)
+    return found.name if found else None
 
 
 def _overhead_point(r: Record) -> tuple[float, float] | None:

@@ -21,16 +21,7 @@ Beside it, the convention of offloading papers such as MegaTrain (2026): 6 x par
 
 from __future__ import annotations
 
-# Dense peak TFLOPS (no sparsity) by precision, from each part's datasheet; first match of the device's name wins.
-# "fp32" is the CUDA cores' rate, which FP32 matmuls run at unless TF32 is allowed (torch's default: not).
-PEAKS: list[tuple[str, dict[str, float]]] = [
-    ("H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0}),
-    ("H100", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),  # SXM5 (HBM3)
-    ("H200", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),  # SXM: the H100 SXM's compute
-    ("A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    ("V100", {"fp32": 15.7, "fp16": 125.0}),  # SXM2, the L2L paper's
-]
+from suite.measure import machines
 
 
 def block_flops(seq: int, hidden: int, intermediate: int, kv: int | None = None, ffn_matmuls: int = 2) -> float:
@@ -68,11 +59,8 @@ def per_sample(run, recompute: bool | None = None) -> dict[str, float]:
 
 def peak_tflops(device_name: str, precision: str, tf32: bool = False) -> float | None:
     """The dense peak of `device_name` at a run's precision (FP32 as TF32 where torch allows it); None if unknown."""
-    kind = "tf32" if precision == "fp32" and tf32 else precision
-    for part, peaks in PEAKS:
-        if part.lower() in device_name.lower():
-            return peaks.get(kind)
-    return None
+    found = machines.of_device(device_name)
+    return found.peaks.get("tf32" if precision == "fp32" and tf32 else precision) if found else None
 
 
 def parameters(run) -> int:
@@ -116,6 +104,6 @@ def cuda_metrics(run, device, metrics: dict, devices: int = 1, recompute: bool |
         "tokens_per_sample": run.seq_len,
         "peak_tflops": peak * devices if peak else None,
         "peak_of": f"{devices} x {name}, {'tf32' if run.precision == 'fp32' and tf32 else run.precision} dense"
-        + ("" if peak else ": not in suite.measure.flops.PEAKS, no MFU"),
+        + ("" if peak else ": not in the machine catalogue (suite/measure/machines.py), no MFU"),
     }
     return {**out, **achieved({**metrics, **out})}
