@@ -131,6 +131,14 @@ def _render(args) -> int:
         readme = claims.write_readme(paths.RESULTS_DIR)
         if readme is not None:
             print(f"wrote the claims table of {readme}")
+        from pathlib import Path
+
+        from suite.report import excerpts
+
+        root = Path(paths.RESULTS_DIR).parent  # the README and docs/ beside the results folder
+        pages = [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.exists()]
+        for page in excerpts.write_pages(paths.RESULTS_DIR, pages):
+            print(f"wrote the excerpts of {page}")
     return 0
 
 
