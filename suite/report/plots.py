@@ -154,17 +154,11 @@ def ratio_figures(exp, results_dir: Path) -> list[Path]:
     return out
 
 
-def front_sections(secs, here: str | None = None) -> list:
-    """The sections the front page draws (issue 51): the paper profile on a GPU, and the machine that renders (the
-    reader's own, `here`: this machine's slug by default); other machines' tiny and small runs stay on the table
-    pages. Rows no ratio may rest on (suspect, other sweeps) draw no bar there either (_ratio_figure)."""
-    if here is None:
-        from suite.measure.machine import fingerprint
-
-        here = fingerprint()["slug"]
-    return [
-        s for s in secs if s[0].startswith("paper profile on ") and "(cuda device)" in s[0] or f" on {here} (" in s[0]
-    ]
+def front_sections(secs) -> list:
+    """The sections the front page draws (issue 51; issue 62): the paper profile on a GPU alone, so that the committed
+    front page is the same whichever machine renders it; every machine's runs, the reader's own included, are on the
+    table pages. Rows no ratio may rest on (suspect, other sweeps) draw no bar there either (_ratio_figure)."""
+    return [s for s in secs if s[0].startswith("paper profile on ") and "(cuda device)" in s[0]]
 
 
 LOG_SPAN = 20.0  # ratios spanning more than this draw on a log axis, labelled so
