@@ -92,3 +92,32 @@ def test_a_section_mixing_codes_marks_the_rows_of_another_code_and_takes_no_rati
     assert "another code: 54ccf55 (the reference's a05344b)" in by["l2l-cmp-u2"]["status"]
     assert by["l2l-cmp-u2"][ratio] is None and by["l2l-cmp-u2"]["throughput (samples/s) ours"] is not None
     assert "another code" not in by[exp.baseline]["status"]
+
+
+def test_a_key_change_does_not_hide_a_2x_move(tmp_path):
+    """A row whose cell key changed (steps 5 -> 3, warm-up 2 -> 1) is held to the previous record of the same row,
+    machine and profile, and the change of key is named; the committed H100 rows that moved 2-4x so are flagged."""
+    from suite.records import store
+    from suite.records.index import Index
+
+    def rec(key, rate, code, finished, steps, status="ok"):
+        run = {"precision": "fp16", "steps": steps}
+        return {
+            **_rec(rate=rate, code=code, sweep=finished, precision="fp16", rounds=1), "key": key, "row": "l2l-cmp",
+            "experiment": "table2", "method": "l2l-cmp", "variant": "", "status": status,
+            "config": {"run": run}, "machine": {"slug": "h100-79gb"},
+        }  # fmt: skip
+
+    store.save(tmp_path, "old", "h100-79gb", rec("old", 31.151, "c0", "2026-11-23", 5, "partial: 1/3 rounds"))
+    store.save(tmp_path, "new", "h100-79gb", rec("new", 129.56, "c1", "2026-11-27", 3))
+    index = Index(tmp_path)
+    now = index.cell("new", "h100-79gb")
+    assert suspect(now, index.kept("new", "h100-79gb")) is None  # the cell's own earlier records: none
+    said = suspect(now, index.history(now))
+    assert said.startswith("130 samples/s, 4.16x the 31.2 measured at c0c0c0c under another cell (steps 5 -> 3)"), said
+    exp = get_experiment("table2")
+    title, _, records = next(
+        s for s in tables.sections(exp, RESULTS) if s[0] == "paper profile on h100-79gb (cuda device)"
+    )
+    cmp = next(r for r in records if r and r["row"] == "l2l-cmp")
+    assert "4.16x the 31.2 measured at cd78134 under another cell (steps 5 -> 3" in cmp["suspect"]

@@ -9,7 +9,8 @@ none of them lists or opens results/runs/ itself (the store writes and reads one
 - `latest(experiment, row, machine)`: the latest record of a row on a machine or a machine kind (a slug's prefix);
   `latest_each(records)`: the latest of each row among some records.
 - `kept(key, machine, sweep)`: the records of a cell the store kept when later sweeps replaced them.
-- `previous(record)`: the record of the same row, machine and profile that came before it, whatever its key.
+- `history(record)`, `previous(record)`: the other records of the same row, machine and profile, whatever their key
+  (what the trust rules hold a record to), and the one finished last before it.
 
 An index is read on its first question and kept for the command: `open_index(results_dir)` gives the same index to
 every reader in a process; it reads again after this process saves a record (store.save) or when a record file
@@ -146,21 +147,27 @@ class Index:
         return latest_each(r for r in self.records(warn=lambda _: None) if machine_of(r).startswith(machine)
                            and (where is None or where(r)))  # fmt: skip
 
-    def previous(self, record: Record) -> Record | None:
-        """The finished record of `record`'s row (experiment, row, variant) on its machine and profile that was
-        finished last before it, whatever its cell key: current records of other keys and kept ones alike."""
+    def history(self, record: Record) -> list[Record]:
+        """Every other record of `record`'s row (experiment, row, variant) on its machine and profile with figures
+        (finished, or partial: its measured rounds), whatever its cell key: the current records of other keys and the
+        kept ones alike, oldest first."""
         mine = (record.get("experiment"), record.get("row"), record.get("profile"), record.get("variant") or "")
-        slug, when = machine_of(record), str(record.get("finished") or "")
+        slug, me = machine_of(record), (record.get("key"), record.get("sweep"), record.get("finished"))
         found = [
             rec
             for f in self.files.values()
             if (rec := f.record) is not None
             and (rec.get("experiment"), rec.get("row"), rec.get("profile"), rec.get("variant") or "") == mine
             and machine_of(rec) == slug
-            and str(rec.get("finished") or "") < when
-            and status_of(rec).finished
+            and (rec.get("key"), rec.get("sweep"), rec.get("finished")) != me
+            and (status_of(rec).finished or status_of(rec).measured)
         ]
-        return max(found, key=lambda r: str(r.get("finished") or "")) if found else None
+        return sorted(found, key=lambda r: str(r.get("finished") or ""))
+
+    def previous(self, record: Record) -> Record | None:
+        """The record of `record`'s history (see `history`) finished last before it."""
+        when = str(record.get("finished") or "")
+        return next((r for r in reversed(self.history(record)) if str(r.get("finished") or "") < when), None)
 
 
 def row_of(record: Record) -> tuple:

@@ -608,10 +608,10 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
             if rec and base and rec.get("sweep") and rec["sweep"] != base.get("sweep") and name != exp.baseline:
                 # a row of an earlier sweep takes its ratios to that sweep's reference, where one was kept
                 ref = next(iter(index.kept(base["key"], machine, rec["sweep"])), None)
-                if ref is not None and (why := suspect(ref, index.kept(ref["key"], machine))):
+                if ref is not None and (why := suspect(ref, index.history(ref))):
                     ref = {**ref, "suspect": why}  # a suspect reference of that sweep gives no ratio either
                 rec = {**rec, "reference": ref} if ref is not None else rec
-            if rec and (why := suspect(rec, index.kept(rec["key"], machine))):
+            if rec and (why := suspect(rec, index.history(rec))):
                 rec = {**rec, "suspect": why}  # shown with its reason; no ratio, bar or verdict rests on it
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
             cells.append(Cell(exp.name, row, run, profile))
