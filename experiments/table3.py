@@ -8,7 +8,7 @@ from experiments.l2l_common import bert_base, half, l2l_row
 from suite.core.experiment import Experiment, Metric, Row
 from suite.records.schema import metrics_of
 from suite.report import plots
-from suite.report.tables import measured
+from suite.report.tables import commit_of, measured
 
 UBATCHES = (1, 2, 4)
 PAPER = {1: (52.48, 3.69), 2: (70.97, 3.89), 4: (84.91, 4.27)}  # #uBatches: (samples/s, GB)
@@ -72,27 +72,39 @@ def _target_bars(secs):
     """The target figure of `secs` (tables.sections): a bar per section with such a ratio at each #uBatches (a
     partial row hatched), the target drawn, the legend under the axes."""
     bars, colours = [], plots.section_colours(secs)
-    none = (None, False, False, None)
+    none = (None, False, False, None, None)
     for title, cells, records in secs:
         # a suspect row draws nothing (its reason under the legend); a ratio only of two rows of one sweep
         got = {
-            c.row.name: (metrics_of(r).get("throughput"), plots.thin(r), plots.contended_rec(r), r.get("sweep"))
+            c.row.name: (
+                metrics_of(r).get("throughput"),
+                plots.thin(r),
+                plots.contended_rec(r),
+                r.get("sweep"),
+                commit_of(r),
+            )
             for c, r in zip(cells, records)
             if r and measured(r["status"], oom=False) and not r.get("suspect")
         }
         ratios = []
         for u in UBATCHES:
-            (l2l, p1, c1, s1), (amp, p2, c2, s2) = got.get(f"l2l-cmp-u{u}", none), got.get(f"amp-rc-u{u}", none)
-            ratios.append((l2l / amp, p1 or p2, c1 or c2) if l2l and amp and s1 == s2 else none[:3])
-        if any(v is not None for v, _, _ in ratios):
+            (l2l, p1, c1, s1, code), (amp, p2, c2, s2, _) = (
+                got.get(f"l2l-cmp-u{u}", none),
+                got.get(f"amp-rc-u{u}", none),
+            )
+            ratios.append((l2l / amp, p1 or p2, c1 or c2, code) if l2l and amp and s1 == s2 else none[:4])
+        if any(v is not None for v, _, _, _ in ratios):
             bars.append((plots.short(title), ratios))
     if not bars:
         return None
     fig, ax = plots.pyplot().subplots(figsize=(plots.README_WIDTH_IN, 3.6))
     width = 0.8 / len(bars)
-    withheld = False
+    withheld, mixed = False, False
     for k, (label, ratios) in enumerate(bars):
-        for i, (value, part, busy) in enumerate(ratios):
+        # a colour's bars of several codes (one sweep each ratio) name their commit on the bar
+        codes = {code for value, _, busy, code in ratios if value is not None and not busy}
+        mixed |= len(codes) > 1
+        for i, (value, part, busy, code) in enumerate(ratios):
             if value is None:
                 continue
             if busy:  # the table withholds a contended rate's ratio: marked where its bar would stand, not drawn
@@ -102,7 +114,8 @@ def _target_bars(secs):
             style = {**(plots.PARTIAL if part else {})}
             style.setdefault("facecolor", colours[label])
             ax.bar(i + k * width, value, width, edgecolor=colours[label], **style)
-            ax.text(i + k * width, value, f"{value:.3g}x", ha="center", va="bottom", fontsize=6)
+            said = f"{value:.3g}x" + (f"\n{code}" if len(codes) > 1 else "")
+            ax.text(i + k * width, value, said, ha="center", va="bottom", fontsize=6)
     ax.axhline(TARGET, color="C3", ls="--", lw=1, label=f"target {TARGET:.0%} (paper profile, GPU)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(UBATCHES))], [f"{u} micro-batch(es)" for u in UBATCHES])
     ax.set_ylabel("L2L-CMP / AMP-recompute", fontsize=9)
@@ -111,8 +124,10 @@ def _target_bars(secs):
     drawn = [r for _, ratios in bars for r in ratios if r[0] is not None and not r[2]]
     shown = {label: colours[label] for label, _ in bars}
     notes = plots.suspect_notes(secs)
+    notes += ["bars of one colour from several codes: each names its commit (their sweeps differ)"] if mixed else []
     notes += ["withheld: contended (timed on a busy machine), as the table withholds it"] if withheld else []
-    plots.legend_below(ax, any(part for _, part, _ in drawn), shown, notes)
+    fig.set_size_inches(plots.README_WIDTH_IN, 3.6 + 0.5 * len(notes))  # room for the axes above the notes
+    plots.legend_below(ax, any(part for _, part, _, _ in drawn), shown, notes)
     return fig
 
 

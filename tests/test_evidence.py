@@ -121,3 +121,55 @@ def test_a_key_change_does_not_hide_a_2x_move(tmp_path):
     )
     cmp = next(r for r in records if r and r["row"] == "l2l-cmp")
     assert "4.16x the 31.2 measured at cd78134 under another cell (steps 5 -> 3" in cmp["suspect"]
+
+
+def test_bars_of_one_colour_from_several_codes_name_their_commit():
+    """Table 3's figure draws each micro-batch count's ratio within its sweep; where a section's bars come from two
+    codes, each bar names its commit and the legend says why (issue 62)."""
+    from types import SimpleNamespace
+
+    from experiments import table3
+
+    def rec(rate, sweep, commit):
+        return {**_rec(rate=rate, sweep=sweep, code=commit[0]), "provenance": {"code": commit, "commit": commit * 2}}
+
+    rows = {"l2l-cmp-u1": rec(80, "a", "aaaa"), "amp-rc-u1": rec(100, "a", "aaaa")}
+    rows |= {"l2l-cmp-u2": rec(120, "b", "bbbb"), "amp-rc-u2": rec(100, "b", "bbbb")}
+    cells = [SimpleNamespace(row=SimpleNamespace(name=n)) for n in rows]
+    fig = table3._target_bars([("paper profile on h100-79gb (cuda device)", cells, list(rows.values()))])
+    said = [t.get_text() for t in fig.axes[0].texts]
+    assert "0.8x\naaaaaaa" in said and "1.2x\nbbbbbbb" in said, said
+    one = {k: {**v, "provenance": {"code": "c", "commit": "c" * 8}} for k, v in rows.items()}
+    fig = table3._target_bars([("paper profile on h100-79gb (cuda device)", cells, list(one.values()))])
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == ["0.8x", "1.2x"]
+
+
+def test_no_rounds_is_one_round_a_pending_verdict_keeps_its_doubts_and_table7_reads_through_the_reading():
+    """A record that says no rounds rests on one; an undecided verdict keeps the doubts of the figures beside it;
+    Table 7's judge reads its records through the reading, so its several codes make it provisional (issue 62)."""
+    where = Where("table2", "paper", "m")
+    rows = {"a": {"throughput": 30.0}, "b": {"throughput": 10.0}}
+    bare = {k: v for k, v in _rec().items() if k != "rounds"}  # a record made before the field
+    r = Reading(where, rows, {"a": bare, "b": _rec()})
+    r.value("a", "throughput")
+    assert claims.provisional("reproduced", r) == "provisional (reproduced): fewer than 3 timing rounds (`a` 1)"
+    assert plots.thin(bare)
+    r = Reading(where, rows, {"a": _rec(code="c1"), "b": _rec(code="c2")})
+    r.value("a", "throughput"), r.value("b", "throughput")
+    assert claims.provisional("pending", r) == "pending (read from several codes (commits c1c1c1c, c2c2c2c))"
+    assert claims.codes_read(r) == " [`a`: c1c1c1c; `b`: c2c2c2c]"  # each figure's code beside it
+    t7 = [c for c in claims.load_claims() if c.where.experiment == "table7"]
+    rendered = claims.render(t7, RESULTS)
+    assert t7 and rendered.count("provisional (reproduced (6 of 6 tasks)): read from several codes") == len(t7)
+
+
+def test_a_one_round_rate_is_marked_in_the_status_column_beside_its_ratio():
+    """Table 3's H100 rows rest on one timing round each: the status column says so where the ratio is printed."""
+    exp = get_experiment("table3")
+    secs = tables.sections(exp, RESULTS, warn=lambda _: None, variants=False)
+    _, cells, records = next(s for s in secs if s[0] == "paper profile on h100-79gb (cuda device)")
+    cols, rows = tables.table_rows(exp, cells, records)
+    status = dict((r[0], r[cols.index("status")]) for r in rows)
+    assert "1 timing round (fewer than 3: provisional)" in status["l2l-cmp-u2"], status["l2l-cmp-u2"]
+    briefs = dict(zip((c.row.name for c in cells), tables._briefs(exp, cells, records)))
+    assert "1 timing round" in briefs["amp-rc-u2"]

@@ -22,6 +22,13 @@ from suite.records.schema import Record, metrics_of, status_of
 
 MFU_FLOOR = {"fp32": 0.10, "fp16": 0.01, "bf16": 0.01}
 MOVE = 2.0
+MIN_ROUNDS = 3  # a rate's verdict needs at least this many timing rounds of each row it reads
+
+
+def timing_rounds(rec: Record) -> int:
+    """The timing rounds a record's rate rests on: its `rounds`, and one where it says none (a record that predates
+    the field was one round of a few steps; it never counts as enough)."""
+    return int(rec.get("rounds") or 1)
 
 
 def _code(rec: Record) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from suite.config.files import write_atomic
+from suite.report import tables
 from suite.report.reading import Reading, Where, read
 
 BEGIN = "<!-- claims: generated from results/runs/ by `python -m suite render`; do not edit by hand -->"
@@ -67,10 +68,31 @@ def render(claims: list[Claim], results_dir: Path) -> str:
         if reading is not None:
             reading.used.clear()  # what this claim reads, not what the claims before it on the section read
         found = c.judge(reading) if reading is not None else Finding("no records", "not run")
-        verdict = f"see {c.link}" if found.verdict == SEE else provisional(found.verdict, reading)
-        cells = [c.text, f"{c.paper}: {c.figure}", found.ours, c.where.label(), verdict, c.link]
+        verdict = provisional(f"see {c.link}" if found.verdict == SEE else found.verdict, reading)
+        ours = found.ours + (codes_read(reading) if reading is not None else "")
+        cells = [c.text, f"{c.paper}: {c.figure}", ours, c.where.label(), verdict, c.link]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def codes_read(reading: Reading) -> str:
+    """Where the rows a claim read come from more than one code, each row's code, so that no figures of two codes
+    stand side by side unmarked (` [rows: code; ...]`); else ""."""
+    made = {
+        row: rec for row, _ in sorted(reading.used) if (rec := reading.records.get(row)) and tables.made_by_a_code(rec)
+    }
+    commits = {row: tables.commit_of(rec) for row, rec in made.items()}
+    if len(set(commits.values())) < 2:
+        return ""
+    by_commit: dict[str, list[str]] = {}
+    for row, commit in commits.items():
+        by_commit.setdefault(commit, []).append(f"`{row}`")
+    if len(commits) > MARKED_ROWS:  # a claim over many rows (Table 7's tasks and seeds): how many rows each code made
+        return " [rows of several codes: " + ", ".join(f"{c} {len(r)}" for c, r in sorted(by_commit.items())) + "]"
+    return " [" + "; ".join(f"{', '.join(rows)}: {commit}" for commit, rows in sorted(by_commit.items())) + "]"
+
+
+MARKED_ROWS = 6  # up to this many rows, each row's code is named; beyond, each code's count of rows
 
 
 UNDECIDED = ("pending", "not run", "untested", "see ")  # verdicts that claim nothing: no doubt to add
@@ -78,10 +100,13 @@ UNDECIDED = ("pending", "not run", "untested", "see ")  # verdicts that claim no
 
 def provisional(verdict: str, reading: Reading | None) -> str:
     """`verdict`, or `provisional (verdict): why` where what the claim read is in doubt (Reading.doubts): a
-    suspect row, rows of several codes, a rate of fewer than 3 rounds. Such a verdict is never `reproduced`."""
+    suspect row, rows of several codes, a rate of fewer than 3 rounds. Such a verdict is never `reproduced`. An
+    undecided verdict (pending, not run) claims nothing, and keeps the doubts of the figures printed beside it."""
     why = reading.doubts() if reading is not None else []
-    if not why or verdict.startswith(UNDECIDED):
+    if not why:
         return verdict
+    if verdict.startswith(UNDECIDED):  # it claims nothing, yet the figures beside it keep their doubts
+        return f"{verdict} ({'; '.join(why)})"
     return f"provisional ({verdict}): {'; '.join(why)}"
 
 

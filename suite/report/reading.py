@@ -10,6 +10,7 @@ from typing import Any
 
 from suite.core.experiment import get_experiment
 from suite.records.schema import Record
+from suite.records.trust import MIN_ROUNDS, timing_rounds
 from suite.report import tables
 
 
@@ -55,6 +56,13 @@ class Reading:
         x = self.rows.get(row, {}).get(column)
         return x if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)) else None
 
+    def records_read(self, column: str) -> dict[str, Record]:
+        """Every row's record, each noted as read in `column` (a judge that reads whole records, such as Table 7's,
+        rests its verdict on all of them, and their doubts are its own)."""
+        out = {row: rec for row, rec in self.records.items() if rec}
+        self.used.update((row, column) for row in out)
+        return out
+
     def ratio(self, row: str, base: str, column: str) -> float | None:
         """`row` over `base` in `column`, only where both come from one sweep (never across sweeps)."""
         a, b = self.value(row, column), self.value(base, column)
@@ -74,17 +82,14 @@ class Reading:
             out.append(f"read from several codes (commits {', '.join(commits)})")
         thin = sorted(
             {
-                f"`{row}` {recs[row].get('rounds') or 0}"
+                f"`{row}` {timing_rounds(recs[row])}"
                 for row, column in self.used
-                if row in recs and "throughput" in column and 0 < (recs[row].get("rounds") or 0) < MIN_ROUNDS
+                if row in recs and "throughput" in column and timing_rounds(recs[row]) < MIN_ROUNDS
             }
         )
         if thin and not self.where.counted:
             out.append(f"fewer than {MIN_ROUNDS} timing rounds ({', '.join(thin)})")
         return out
-
-
-MIN_ROUNDS = 3  # a rate's verdict needs at least this many timing rounds of each row it reads
 
 
 def read(where: Where, results_dir: Path) -> Reading | None:

@@ -18,13 +18,14 @@ from suite.config import paths
 from suite.config.files import write_atomic
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
+from suite.core.kinds import is_timed
 from suite.core.rounds import RATES, spread
 from suite.measure.contention import contended
 from suite.measure.counting import ROLES
 from suite.measure.machine import describe
 from suite.records.index import open_index
 from suite.records.schema import Record, machine_of, metrics_of, status_of
-from suite.records.trust import suspect
+from suite.records.trust import MIN_ROUNDS, suspect, timing_rounds
 
 
 @dataclass
@@ -194,6 +195,11 @@ def _status(cell, rec, base_rec, metrics) -> tuple[str, str]:
         full, brief = f"{full}, contended", f"{brief}, contended"
     if rec and rec.get("suspect"):  # shown with its reason; no ratio rests on it (suite/records/trust.py)
         full, brief = f"{full}, suspect: {rec['suspect']}", f"{brief}, suspect"
+    timed = is_timed((rec or {}).get("config", {}).get("kind", "throughput"))
+    if rec and status_of(rec).kind == "ok" and timed and _num(metrics.get("throughput")) is not None:
+        if (n := timing_rounds(rec)) < MIN_ROUNDS:  # its rate, and every ratio printed of it, rests on n rounds
+            said = f"{n} timing round{'s' if n > 1 else ''}"
+            full, brief = f"{full}, {said} (fewer than {MIN_ROUNDS}: provisional)", f"{brief}, {said}"
     if rec and base_rec and another_code(rec, base_rec):  # shown for context: no ratio crosses codes
         full += f", another code: {commit_of(rec)} (the reference's {commit_of(base_rec)})"
         brief += ", another code"
