@@ -41,8 +41,8 @@ EXPERIMENT = ProjectingExperiment(
     source="methods/roofline.py; the rows of decoder-8b (issue 54)",
     metrics=[
         Metric("tokens_per_s", "tokens/s (projected)", "{:.0f}", ratio=False, paper=False),
-        Metric("tflops_6n", "TFLOPS (6N)", "{:.0f}", ratio=False, paper=False),
-        Metric("mfu", "MFU", "{:.0%}", ratio=False, paper=False),
+        Metric("tflops_6n", "TFLOPS (6N, projected)", "{:.0f}", ratio=False, paper=False),
+        Metric("mfu", "MFU (projected)", "{:.0%}", ratio=False, paper=False),
         Metric("bound", "limit", "{}", ratio=False, paper=False),
         Metric("step_time", "step (s)", "{:.3g}", ratio=False, paper=False),
         Metric("pcie_gb", "PCIe a step (GB)", "{:.3g}", ratio=False, paper=False),
@@ -61,12 +61,17 @@ EXPERIMENT = ProjectingExperiment(
     rounds=1,
     projected_kind="roofline",
     notes=(
-        "Projected, nothing measured: each row's step from what it computes (the step's hardware FLOPs, recompute "
+        "Projected, nothing measured: the section's machine is the one that made the projection, not the GPU it "
+        "projects (the `machine` column). Each row's step from what it computes (the step's hardware FLOPs, recompute "
         "included, at the GEMM rate), moves over PCIe each way and streams through host memory, each at the "
         "machine's rate; the busiest resource is the `limit`, and `in series` what cannot overlap it (L2L: the "
         "embeddings' and first block's updates after the backward and the first upload; FSDP2's offload: its host "
         "optimizer after the backward; AMP: its optimizer on the device). `measured` is that GPU's decoder-8b record "
-        "of the row where a loan has made one, `error` the projection against it. Rates, per machine: "
+        "of the row where a loan has made one, `error` the projection against it. MFU is the suite's one definition "
+        "(suite/measure/flops.py: model FLOPs, matmuls only, no recompute, over the dense peak of the precision), the "
+        "same as every measured row's; TFLOPS (6N) is the offloading papers' 6 x parameters x tokens a second, which "
+        "counts the embeddings and no attention: the two differ, and neither is the other over the peak. Rates, per "
+        "machine: "
         + " ".join(
             f"**{k}**: " + "; ".join(f"{part}: {why}" for part, why in m.sources.items()) + "."
             for k, m in MACHINES.items()

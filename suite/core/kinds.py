@@ -16,13 +16,15 @@ class CellKind(Entry):
     benchmark whose figures are times of its own: the machine's load over the whole cell is recorded with them
     (suite.measure.contention; a timed kind records it over its timed steps). `on_host`: it runs on the host's CPU
     whatever device the run names (fake tensors, or arithmetic alone: a roofline), so a count or projection for a GPU
-    can be made where there is none."""
+    can be made where there is none. `projected`: its figures are a projection (a model's arithmetic on stated
+    rates), never a measurement: its tables say so beside each figure."""
 
     timed: bool = False
     builds_method: bool = True
     one_process: bool = False
     watched: bool = False
     on_host: bool = False
+    projected: bool = False
 
 
 # A new kind is one line here and its function where it belongs; the function is imported when a cell runs.
@@ -36,10 +38,18 @@ KINDS = Catalogue(
         ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),
         ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
         ("planned", CellKind("methods.pipeline.planner.check:planned_cell", watched=True)),
-        ("projected", CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False)),
+        (
+            "projected",
+            CellKind("methods.pipeline.planner.projection:projected_cell", builds_method=False, projected=True),
+        ),
         ("decoder-largest", CellKind("experiments.decoder_largest:largest", one_process=True, on_host=True)),
-        ("l2l-projected", CellKind("experiments.l2l_projection:projected_cell", builds_method=False)),
-        ("roofline", CellKind("experiments.decoder_8b_roofline:roofline_cell", builds_method=False, on_host=True)),
+        ("l2l-projected", CellKind("experiments.l2l_projection:projected_cell", builds_method=False, projected=True)),
+        (
+            "roofline",
+            CellKind(
+                "experiments.decoder_8b_roofline:roofline_cell", builds_method=False, on_host=True, projected=True
+            ),
+        ),
         (
             "count-search",
             CellKind("methods.pipeline.planner.largest:largest_counted", one_process=True, on_host=True),
@@ -66,3 +76,7 @@ def kind(name: str) -> CellKind:
 
 def is_timed(name: str) -> bool:
     return name in KINDS and kind(name).timed
+
+
+def is_projected(name: str | None) -> bool:
+    return name in KINDS and kind(name).projected

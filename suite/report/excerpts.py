@@ -23,6 +23,7 @@ from pathlib import Path
 from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
 from suite.core.experiment import get_experiment
+from suite.core.kinds import is_projected
 from suite.records.schema import metrics_of
 from suite.report import tables
 
@@ -33,12 +34,11 @@ BLOCK = re.compile(
     rf"(?P<body>.*?)(?P<end><!-- {NAME}: end -->)",
     re.S,
 )
-PROJECTED = ("roofline", "l2l-projected", "projected")  # cell kinds whose figures are projections
 
 
 def _kind(rec) -> str:
     kind = ((rec or {}).get("config") or {}).get("kind")
-    return "counted" if kind == "count" else "projected" if kind in PROJECTED else "measured"
+    return "counted" if kind == "count" else "projected" if is_projected(kind) else "measured"
 
 
 def render(spec: dict, results_dir: Path, page: Path) -> str:

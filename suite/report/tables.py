@@ -18,7 +18,7 @@ from suite.config import paths
 from suite.config.files import write_atomic
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
-from suite.core.kinds import is_timed
+from suite.core.kinds import is_projected, is_timed
 from suite.core.rounds import RATES, spread
 from suite.measure.contention import contended
 from suite.measure.counting import ROLES
@@ -196,6 +196,8 @@ def _status(cell, rec, base_rec, metrics) -> tuple[str, str]:
     if rec and rec.get("suspect"):  # shown with its reason; no ratio rests on it (suite/records/trust.py)
         full, brief = f"{full}, suspect: {rec['suspect']}", f"{brief}, suspect"
     timed = is_timed((rec or {}).get("config", {}).get("kind", "throughput"))
+    if rec and is_projected((rec.get("config") or {}).get("kind")):  # figures of arithmetic, not of a run
+        full, brief = f"{full}, projected (nothing measured)", f"{brief}, projected"
     if rec and status_of(rec).kind == "ok" and timed and _num(metrics.get("throughput")) is not None:
         if (n := timing_rounds(rec)) < MIN_ROUNDS:  # its rate, and every ratio printed of it, rests on n rounds
             said = f"{n} timing round{'s' if n > 1 else ''}"
