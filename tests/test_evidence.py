@@ -173,3 +173,13 @@ def test_a_one_round_rate_is_marked_in_the_status_column_beside_its_ratio():
     assert "1 timing round (fewer than 3: provisional)" in status["l2l-cmp-u2"], status["l2l-cmp-u2"]
     briefs = dict(zip((c.row.name for c in cells), tables._briefs(exp, cells, records)))
     assert "1 timing round" in briefs["amp-rc-u2"]
+
+
+def test_the_17b_claim_quotes_the_count_not_the_formula():
+    """Table 6's claim reads the counted host peak (the `host need` columns are the formula's, a different figure)."""
+    t6 = [c for c in claims.load_claims() if c.where.experiment == "table6"]
+    line = claims.render(t6, RESULTS)
+    exp = get_experiment("table6")
+    _, cells, records = next(s for s in tables.sections(exp, RESULTS, warn=lambda _: None) if "counted" in s[0])
+    counted = next(r for r in records if r and r["row"] == "turing-17b")["metrics"]["host_peak_gb"]
+    assert f"{counted:.0f} GB on the host, both counted" in line, line
