@@ -295,6 +295,7 @@ EXPERIMENTS = Catalogue(
             ("decoder-batch", "decoder_batch"),
             ("decoder-8b", "decoder_8b"),
             ("decoder-8b-roofline", "decoder_8b_roofline"),
+            ("counted-vs-cuda", "counted_vs_cuda"),
             ("bench-overhead", "benchmarks.overhead"),
             ("bench-host-optim", "benchmarks.host_optim"),
             ("bench-link", "benchmarks.link"),

@@ -34,6 +34,7 @@ KINDS = Catalogue(
         ("throughput", CellKind("suite.core.cell:throughput_cell", timed=True)),
         ("throughput-rounds", CellKind("suite.core.cell:throughput_rounds_cell", timed=True)),
         ("count", CellKind("suite.core.cell:count_cell", one_process=True, on_host=True)),
+        ("count-vs-measured", CellKind("experiments.counted_vs_cuda:count_and_measure", one_process=True)),
         ("finetune", CellKind("suite.tasks.finetune:finetune_cell")),
         ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),
         ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
