@@ -602,13 +602,13 @@ def test_a_figure_goes_with_its_table_and_a_table_without_records_says_so(tmp_pa
     req = SweepRequest(exp, "tiny", only=("baseline-fp32", "l2l-fp32"), results_dir=tmp_path, wandb_mode="off")
     sweep(dataclasses.replace(req, measure="count"), progress=lambda _: None)
     drawn = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
-    assert drawn == ["front_table2_memory_gb.png", "table2_memory_gb.png"], drawn
+    assert drawn == ["table2_memory_gb.png"], drawn  # the front page draws GPU sections alone: none here
     for p in (tmp_path / "runs").rglob("*.json"):
         p.unlink()
     said = []
     render(exp, tmp_path, said.append)
     assert not list((tmp_path / "figures").glob("*.png")), said
-    assert sum("removed" in s for s in said) == 2
+    assert sum("removed" in s for s in said) == 1
     assert "No records yet, on any machine" in (tmp_path / "table2.md").read_text()
 
 
