@@ -181,7 +181,7 @@ def test_a_stage_report_names_each_record_by_its_own_row(tmp_path, monkeypatch):
 def test_a_part_that_cannot_fit_the_time_left_is_left_whole_for_the_next_call(tmp_path, monkeypatch):
     """A stage's part is given time by its estimate: one that needs more than remains is not started (to be cut at
     the deadline, as stage 1's microbenchmarks were on 2026-11-26), but left whole; one that fits runs."""
-    from suite.commands.estimate import Line
+    from suite.commands.campaign.estimate import Line
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
     monkeypatch.setattr(stages, "STAGES", {9: stages.Stage("parts", bench=True, counted=True)})

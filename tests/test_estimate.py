@@ -6,8 +6,8 @@ import json
 import pytest
 
 from suite.commands import cli
+from suite.commands.campaign.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
 from suite.commands.campaign.stages import STAGES, Stage, Sweep
-from suite.commands.estimate import COUNTS_S, DEFAULT_OVERHEAD_S, TESTS_S, WORKER_CELL_S, estimate, report
 from suite.core.experiment import get_experiment
 from suite.harness.model import param_count
 
@@ -218,8 +218,8 @@ def test_counts_stored_for_the_target_cost_nothing_and_say_which_cells_pass_thei
 def test_the_counted_test_is_costed_by_its_cells_until_a_report_says_what_it_took(tmp_path):
     """Without a stage report, the counted-against-measured test costs a session's start and each of its cells in a
     fresh process (the count runs beside it, on the host); with one, what the report says."""
+    from suite.commands.campaign.estimate import CostTable, _params
     from suite.commands.campaign.stages import counted_cells
-    from suite.commands.estimate import CostTable, _params
 
     (base,) = get_experiment("table2").cells("paper", ["baseline-fp32"], None, None)
     _record(tmp_path, base, step_time=2.0, rounds=1, duration=16.0 + 4 * 2.0)
@@ -269,7 +269,7 @@ def test_an_8b_cell_costs_one_build_and_its_rounds_at_its_roofline_and_a_host_pa
     roofline's step; FSDP2's offload, whose 16 bytes a parameter pass the target's host less its reserve, is
     recorded past its cap without running."""
     from methods import roofline
-    from suite.commands.estimate import CostTable
+    from suite.commands.campaign.estimate import CostTable
     from suite.core.runner import HOST_RESERVE
 
     env = tmp_path / "campaign" / "h100-test" / "environment.json"
@@ -297,7 +297,7 @@ def test_a_target_with_one_model_size_takes_the_other_kinds_growth_and_their_mea
     fixed part, instead of putting all of its start on the parameters. A cell the H100 measured, which the H200
     did not, costs the H100's step (the same peak); one neither measured takes the H100's utilisation of its table
     before the H200's of other tables."""
-    from suite.commands.estimate import DRAWS, CostTable
+    from suite.commands.campaign.estimate import DRAWS, CostTable
 
     table5, table2 = get_experiment("table5"), get_experiment("table2")
     x1, x2, x4 = table5.cells("paper", ["stash-cpu-x1", "stash-cpu-x2", "stash-cpu-x4"], None, None)

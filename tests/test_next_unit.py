@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from suite.commands.campaign import next_unit
-from suite.commands.estimate import Line
+from suite.commands.campaign.estimate import Line
 from suite.config import paths
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from suite.commands.campaign.estimate import DEFAULT_RAM, estimate
 from suite.commands.campaign.stages import STAGES
-from suite.commands.estimate import DEFAULT_RAM, estimate
 from suite.core import precount, registry, runner
 from suite.core.experiment import get_experiment
 from suite.core.recorder import Recorder

@@ -75,7 +75,7 @@ class Method(ABC):
     # which the worker leaves after each cell (FSDP2 does; DeepSpeed keeps its own state and runs apart).
     shares_worker: ClassVar[bool | None] = None  # None: ours share it, peers do not
     # The optional libraries (import names) the method needs: without one, unavailable() says so, and a campaign's
-    # estimate costs its cells nothing on a target whose image lacks it (suite.commands.estimate).
+    # estimate costs its cells nothing on a target whose image lacks it (suite.commands.campaign.estimate).
     requires: ClassVar[tuple[str, ...]] = ()
     # Why a count (fake tensors) cannot follow this method's step, if it cannot: its cells are then recorded
     # `not_implemented` with the reason instead of failing inside the library.

@@ -4,7 +4,7 @@ with its estimate and the commands, so that the campaign converges at HEAD in 10
 A unit is stage 1 (the cuda tests, isolation and counted-against-measured included) until the target's stage-1
 report is done, then one table's complete section: every row its sweep still runs at this code (stale records
 included: suite.core.plan) and its reference, in the rounds the table plans. The estimate is the campaign's own
-(suite.commands.estimate), which prices exactly the runner's plan."""
+(suite.commands.campaign.estimate), which prices exactly the runner's plan."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from suite.commands.campaign import stages
-from suite.commands.estimate import estimate
+from suite.commands.campaign.estimate import estimate
 from suite.config import paths
 from suite.core.plan import RUNS
 from suite.measure.provenance import code_digest, git_commit

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from suite.commands.campaign import stages
+from suite.commands.campaign.estimate import CUT, NOT_STARTED, estimate, part_line
 from suite.commands.campaign.pytest_steps import BENCH_TESTS, COUNTED_TESTS, counted_line, run_cuda_tests, run_pytest
 from suite.commands.campaign.report import StageReport, campaign_dir, environment, pack, summary_line
-from suite.commands.estimate import CUT, NOT_STARTED, estimate, part_line
 from suite.commands.sweep import sweep
 from suite.config import paths
 from suite.config.errors import ConfigError

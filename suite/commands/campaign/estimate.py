@@ -37,6 +37,7 @@ Every assumption is named in the line it shapes. The last line is `estimated dev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from pathlib import Path
 from suite.config import paths
 from suite.core import precount, runner
 from suite.core.experiment import Cell
+from suite.core.kinds import KINDS
 from suite.core.plan import COMPLETE, PAST_CAP, REUSED, RUNS, TWIN, Decision, Plan, expand, plan
 from suite.core.registry import get as get_method
 from suite.core.schedule import pooled, shape_of
@@ -116,7 +118,6 @@ class CostTable:
 
     def __init__(self, device: str, results_dir: Path):
         self.device = device
-        self._spec = None  # the roofline's machine for `device` (roofline), once asked for
         index = open_index(results_dir)
         every = index.records()
         recs = [r for r in every if machine_of(r).startswith(device)]
@@ -223,18 +224,15 @@ class CostTable:
     def roofline(self, cell: Cell) -> tuple[float, str] | None:
         """The step of `cell` projected by its method's roofline on the target's kind (methods/roofline.py: its rates a
         lent GPU's bench-link record where one was made, else stated assumptions); None where there is none."""
-        from experiments import decoder_8b_roofline
-        from methods import roofline
-
-        if self.device not in roofline.MACHINES or cell.run.model.resolved().family != "llama":
+        if self.device not in machines.LENT or cell.run.model.resolved().family != "llama":
             return None  # its rates are a decoder block's at thousands of tokens
-        if self._spec is None:
-            self._spec = decoder_8b_roofline.rates(self.device, open_index(self.results_dir))
+        # the `roofline` cell kind, found by name as a cell finds it: the cell's run projected on the target's kind
+        run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": {"machine": self.device}})
         try:
-            out = roofline.project(cell.run, self._spec)
+            out = KINDS.load("roofline")(run, None, None)
         except ValueError:  # a method (or setting) the roofline does not model
             return None
-        return out.step_s, f"its roofline on {self.device} ({out.bound}-bound)"
+        return out["step_time"], f"its roofline on {self.device} ({out['bound']}-bound)"
 
     def precounted(self, cell: Cell) -> dict | None:
         """The count stored for the target (suite.core.precount) that its sweep will take instead of counting."""
@@ -532,7 +530,7 @@ def report(lines: list[Line], device: str, assumptions: list[str] = ()) -> str:
     """Each stage's total and its lines (a cell's: the plan's decision, the rounds it runs, and the seconds of all
     of them together), then `estimated device time: N s`; `assumptions` (CostTable.assumptions) after the title."""
     out = [
-        f"campaign estimate for {device} (suite/commands/estimate.py says how each figure is made)",
+        f"campaign estimate for {device} (suite/commands/campaign/estimate.py says how each figure is made)",
         *(f"  {a}" for a in assumptions),
         f"  {'part or cell':<44} {'decision':<12} {'rounds':>6} {'all rounds':>10}  how",
     ]
