@@ -31,7 +31,8 @@ def save(fig, results_dir, name: str, dpi: int = 120) -> Path:
     fig.tight_layout()
     out = Path(results_dir) / "figures" / f"{name}.png"
     png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=dpi, bbox_inches="tight")
+    # no "Software" stamp: the bytes a render writes do not name the matplotlib that drew them
+    fig.savefig(png, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     write_atomic(out, png.getvalue())
     pyplot().close(fig)
     return out
