@@ -96,13 +96,9 @@ def _latest(index: Index, experiment: str, row: str, slug: str, key: str) -> dic
 
 
 def rates(key: str, index: Index) -> Machine:
-    """MACHINES[key], its rates replaced by what a lent GPU of that kind measured where one has (its latest
-    bench-link record at `paper`: the matmuls, attention, each direction of PCIe alone, the host's triad)."""
-    rec = _latest(index, "bench-link", "block", SLUGS[key], "h2d_gbps")
-    if rec is None:
-        return MACHINES[key]
-    where = f"measured: bench-link on {machine_of(rec)}, {str(rec.get('finished'))[:10]}"
-    return roofline.measured(MACHINES[key], rec["metrics"], where)
+    """The roofline's machine of kind `key`: the catalogue's, its rates a lent GPU of that kind measured in place of
+    the assumed ones where one has (the index's `machine`: its latest bench-link record)."""
+    return roofline.machine(index.machine(key))
 
 
 def _held_to(ref: dict | None, index: Index) -> tuple[float | None, str]:

@@ -22,7 +22,6 @@ The device's compute is the step's hardware FLOPs (suite.measure.flops, recomput
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from suite.measure import machines
@@ -48,9 +47,9 @@ class Machine:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def _of(name: str) -> Machine:
-    """The catalogue's kind `name` as the roofline reads it (suite/measure/machines.py: every rate's source)."""
-    kind = machines.kind(name)
+def machine(kind: machines.Kind) -> Machine:
+    """A machine kind of the catalogue (suite/measure/machines.py; with a lent machine's measured rates where the
+    index gives them) as the roofline reads it, every rate's source kept."""
     r = kind.rates
     return Machine(
         kind.title,
@@ -71,22 +70,8 @@ def _of(name: str) -> Machine:
 
 
 # The lent kinds, and the prefix of their records' machine slugs
-MACHINES = {name: _of(name) for name in machines.LENT}
+MACHINES = {name: machine(machines.kind(name)) for name in machines.LENT}
 SLUGS = {name: machines.kind(name).slug for name in machines.LENT}
-
-
-def measured(spec: Machine, metrics: dict, where: str) -> Machine:
-    """`spec` with its rates replaced by what a lent GPU of its kind measured (a bench-link record's metrics; `where`
-    names the record): the matmuls, attention, each direction of PCIe alone, the host's triad."""
-    return dataclasses.replace(
-        spec,
-        gemm_tflops=metrics["gemm_tflops"],
-        attention_tflops=metrics["attention_tflops"],
-        h2d_gbps=metrics["h2d_gbps"],
-        d2h_gbps=metrics["d2h_gbps"],
-        host_gbps=metrics["triad_gbps"],
-        sources={**spec.sources, "gemm": where, "link": where, "host": where},
-    )
 
 
 @dataclass

@@ -75,22 +75,29 @@ def test_the_roofline_table_projects_every_row_that_fits():
     assert all(r.projection["reference"]["row"] == r.name.split("-", 1)[1] for r in rows)
 
 
-def test_a_lent_gpus_measured_rates_replace_the_assumed_ones(monkeypatch):
-    """Once a GPU of a kind has a bench-link record, that kind's roofline takes its matmul, attention, PCIe and
-    host rates, and says where they come from; the assumptions stand where none has."""
+def test_a_lent_gpus_measured_rates_replace_the_assumed_ones(tmp_path):
+    """Once a GPU of a kind has a bench-link record, the index gives that kind with its matmul, attention, PCIe and
+    host rates in the catalogue's place, each naming the record, and the roofline takes them; the assumptions stand
+    where none has, and for another kind."""
     from experiments import decoder_8b_roofline as unit
+    from suite.records import store
+    from suite.records.index import Index
 
-    monkeypatch.setattr(unit, "_latest", lambda *a: None)
-    assert unit.rates("h100", None) == roofline.MACHINES["h100"]
+    assert unit.rates("h100", Index(tmp_path)) == roofline.MACHINES["h100"]
     figures = dict(gemm_tflops=650.0, attention_tflops=420.0, h2d_gbps=53.0, d2h_gbps=51.0, triad_gbps=88.0)
-    record = {"machine": {"slug": "h100-79gb"}, "finished": "2026-12-01T10:00:00", "metrics": figures}
-    monkeypatch.setattr(unit, "_latest", lambda index, *a: record if a[:2] == ("bench-link", "block") else None)
-    spec = unit.rates("h100", None)
+    record = {
+        "key": "k", "experiment": "bench-link", "row": "block", "method": "l2l-cmp", "profile": "paper",
+        "device_type": "cuda", "variant": "", "config": {"run": {}}, "status": "ok", "metrics": figures,
+        "provenance": {}, "finished": "2026-12-01T10:00:00", "machine": {"slug": "h100-79gb"},
+    }  # fmt: skip
+    store.save(tmp_path, "k", "h100-79gb", record)
+    spec = unit.rates("h100", Index(tmp_path))
     assert (spec.gemm_tflops, spec.attention_tflops, spec.h2d_gbps, spec.d2h_gbps, spec.host_gbps) == (
         650.0, 420.0, 53.0, 51.0, 88.0
     )  # fmt: skip
     assert spec.sources["link"].startswith("measured: bench-link on h100-79gb, 2026-12-01")
     assert spec.device_gbps == roofline.MACHINES["h100"].device_gbps  # not measured: still assumed
+    assert unit.rates("h200", Index(tmp_path)) == roofline.MACHINES["h200"]  # another kind's record: not its
 
 
 @pytest.mark.parametrize("options", [L2L, {**L2L, "block_slots": 4}, {**L2L, "stash": "cpu"}])

@@ -3,9 +3,10 @@
 A kind has the prefix its records' machine slugs start with (where a lent machine of it has records), the name torch
 reports for its GPU, its dense peak TFLOPS per precision, its device's and host's memory, and the rates of its link,
 host and device memory. A peak is its datasheet's; a rate is assumed (a round figure, its reason in `source`) until a
-lent machine of the kind measures it: the index overlays the latest `bench-link` record of the kind (its source then
-names the record; suite/records/index.py `machine`). The flops module's peaks, the estimate's lent kinds, the
-roofline's machines and the L2L projection's devices read this catalogue; none keeps a table of its own.
+lent machine of the kind measures it: the index gives the kind with its latest `bench-link` record's rates in their
+place (`measured` here; suite/records/index.py `machine`), each source naming the record. The flops module's peaks,
+the estimate's lent kinds, the roofline's machines and the L2L projection's devices read this catalogue; none keeps a
+table of its own.
 """
 
 from __future__ import annotations
@@ -143,6 +144,23 @@ def of_device(device_name: str) -> Kind | None:
 def of_slug(slug: str) -> Kind | None:
     """The lent kind a machine's slug names (its records' `machine`), else None."""
     return next((KINDS[k] for k in LENT if slug.startswith(KINDS[k].slug)), None)
+
+
+# bench-link's figures (experiments/benchmarks/link.py) and the rates they measure
+BENCH_RATES = {
+    "gemm_tflops": "gemm_tflops",
+    "attention_tflops": "attention_tflops",
+    "h2d_gbps": "h2d_gbps",
+    "d2h_gbps": "d2h_gbps",
+    "triad_gbps": "host_gbps",
+}
+
+
+def measured(kind: Kind, metrics: dict, where: str) -> Kind:
+    """`kind` with each rate a bench-link record measured (its `metrics`) in place of the assumed one, its source
+    `where` (the record: its machine and date)."""
+    got = {rate: Figure(float(metrics[key]), where) for key, rate in BENCH_RATES.items() if key in metrics}
+    return replace(kind, rates={**kind.rates, **got})
 
 
 def stated_sizes() -> set[tuple[float, str]]:

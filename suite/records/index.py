@@ -8,6 +8,8 @@ none of them lists or opens results/runs/ itself (the store writes and reads one
 - `records()`: every current record (each machine's folder, and the flat ones that predate fingerprints).
 - `latest(experiment, row, machine)`: the latest record of a row on a machine or a machine kind (a slug's prefix);
   `latest_each(records)`: the latest of each row among some records.
+- `machine(kind)`: the machine catalogue's kind, with the rates a lent machine of it measured
+  (suite/measure/machines.py).
 - `kept(key, machine, sweep)`: the records of a cell the store kept when later sweeps replaced them.
 - `history(record)`, `previous(record)`: the other records of the same row, machine and profile, whatever their key
   (what the trust rules hold a record to), and the one finished last before it.
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from suite.measure import machines
 from suite.records import store
 from suite.records.schema import Record, machine_of, newer, status_of
 
@@ -140,6 +143,24 @@ class Index:
             and (where is None or where(rec))
         ]
         return max(found, key=order or (lambda r: str(r.get("finished") or ""))) if found else None
+
+    def machine(self, name: str) -> machines.Kind:
+        """The catalogue's kind `name`, each rate a lent machine of it measured in place of the assumed one: its latest
+        finished `bench-link` record at `paper`, as the table defines it (machines.measured names it)."""
+        kind = machines.kind(name)
+        rec = kind.slug and self.latest(
+            "bench-link",
+            "block",
+            kind.slug,
+            where=lambda r: (
+                status_of(r).kind == "ok" and not r.get("variant") and "h2d_gbps" in (r.get("metrics") or {})
+            ),
+        )
+        if not rec:
+            return kind
+        return machines.measured(
+            kind, rec["metrics"], f"measured: bench-link on {machine_of(rec)}, {str(rec['finished'])[:10]}"
+        )
 
     def latest_each(self, machine: str = "", where: Callable[[Record], bool] | None = None) -> dict[tuple, Record]:
         """The latest current record of each row (experiment, row, profile) on a machine whose slug starts with
