@@ -60,6 +60,7 @@ EXPERIMENT = ProjectingExperiment(
     base=lambda profile: decoder_8b.base("paper"),
     rounds=1,
     projected_kind="roofline",
+    held_to=lambda run, metrics, index: held_to(run, metrics, index),
     notes=(
         "Projected, nothing measured: the section's machine is the one that made the projection, not the GPU it "
         "projects (the `machine` column). Each row's step from what it computes (the step's hardware FLOPs, recompute "
@@ -101,25 +102,31 @@ def rates(key: str, index: Index) -> Machine:
     return roofline.machine(index.machine(key))
 
 
-def _held_to(ref: dict | None, index: Index) -> tuple[float | None, str]:
-    """The tokens a second of the record `ref` names (a machine's slug prefix, an experiment and a row), and what
-    it is."""
+def held_to(run, metrics: dict, index: Index) -> dict:
+    """The tokens a second of the GPU's record of the row that the projection names (a machine's slug prefix, an
+    experiment and a row), read from the records as the table is rendered, and the projection's error against it."""
+    ref = (run.options.get("projection") or {}).get("reference")
+    rec = ref and _latest(index, ref["experiment"], ref["row"], ref["machine"], "tokens_per_s")
     if not ref:
-        return None, "none: a projection only"
-    rec = _latest(index, ref["experiment"], ref["row"], ref["machine"], "tokens_per_s")
-    if rec is None:
-        return None, f"no {ref['machine'].rstrip('-')} record of {ref['experiment']}/{ref['row']} yet"
-    return rec["metrics"]["tokens_per_s"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}"
+        return {"reference": None, "reference_of": "none: a projection only", "error": None}
+    if not rec:
+        what = f"no {ref['machine'].rstrip('-')} record of {ref['experiment']}/{ref['row']} yet"
+        return {"reference": None, "reference_of": what, "error": None}
+    measured, projected = rec["metrics"]["tokens_per_s"], metrics.get("tokens_per_s")
+    return {
+        "reference": measured,
+        "reference_of": f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}",
+        "error": (projected - measured) / measured if projected else None,
+    }
 
 
 def roofline_cell(run, device, cap) -> dict:
-    """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key) and the record the
-    projection is held to, if any; the roofline (methods/roofline.py) is handed its rates and computes alone."""
+    """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key); the roofline
+    (methods/roofline.py) is handed its rates and computes alone. What it is held to is read when the table is
+    rendered (held_to)."""
     p = run.options["projection"]
-    index = open_index(paths.RESULTS_DIR)
-    spec = rates(p["machine"], index)
+    spec = rates(p["machine"], open_index(paths.RESULTS_DIR))
     out = roofline.project(run, spec)
-    ref, what = _held_to(p.get("reference"), index)
     peak = peak_tflops(spec.gpu, run.precision)
     tflops = out.flops / out.step_s / 1e12
     return {
@@ -135,9 +142,6 @@ def roofline_cell(run, device, cap) -> dict:
         "host_s": out.host_s,
         "tail_s": out.tail_s,
         "bound": out.bound,
-        "reference": ref,
-        "reference_of": what,
-        "error": (out.tokens_per_s - ref) / ref if ref else None,
         "device_spec": spec.name,
         "assumptions": spec.sources,
     }

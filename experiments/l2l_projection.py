@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from experiments import table2, table3
 from methods.l2l.projection import DEVICES, outside, project, ran, relay_of
-from suite.config import paths
 from suite.core.experiment import Metric, ProjectedRow, ProjectingExperiment, Row
 from suite.measure import machines
-from suite.records.index import Index, open_index
+from suite.records.index import Index
 from suite.records.schema import machine_of, status_of
+from suite.records.trust import suspect
 
 BERT_LARGE = {"model.preset": "bert-large", "seq_len": 512, "optimizer": "lamb", "lr": 1e-4}
 # The paper's L2L: Algorithm 2 (the host updates after the backward), micro-batches of 64; its Table 3 keeps the
@@ -202,6 +202,7 @@ EXPERIMENT = ProjectingExperiment(
     base=base,
     rounds=1,
     projected_kind="l2l-projected",
+    held_to=lambda run, metrics, index: held_to(run, metrics, index) if "projection" in run.options else {},
     notes=(
         "Projected, nothing measured: each row replays the relay's step (methods/l2l/projection.py) with the "
         "device's stated costs; `error` is the projection against its reference, the paper's figure or the "
@@ -250,7 +251,10 @@ def reference(ref: dict, run, index: Index) -> tuple[float | None, str, tuple[fl
     if all(isinstance(m.get(k), (int, float)) for k in ("step_time_median", "step_time_min", "step_time_max")):
         samples = m["throughput"] * m["step_time_median"]
         spread = (samples / m["step_time_max"], samples / m["step_time_min"])
-    return m["throughput"], f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}", spread
+    what = f"{machine_of(rec)} record {ref['experiment']}/{ref['row']}"
+    if why := suspect(rec, index.history(rec)):  # its table flags it: so does every error taken against it
+        what += f", suspect ({why})"
+    return m["throughput"], what, spread
 
 
 # Which harness a record reference asks for: "first", the first GPU run's (2026-11-23, before the keyed dropout
@@ -266,21 +270,14 @@ def _of_harness(rec: dict, which: str | None) -> bool:
 
 def projected_cell(run, device, cap) -> dict:
     """The `l2l-projected` cell kind: the run's step replayed on run.options["projection"]["device"] (a DEVICES
-    name) with its host optimizer, times its GPUs (the paper's 4-GPU rows: its Table 4 shows near-linear scaling),
-    held to its reference (a published figure, or a machine's record, which this cell reads and hands to no
-    method), with the error beside."""
+    name) with its host optimizer, times its GPUs (the paper's 4-GPU rows: its Table 4 shows near-linear scaling).
+    What it is held to is read when the table is rendered (held_to), against the records of that day."""
     p = run.options["projection"]
     spec = DEVICES[p["device"]]
     gpus = p.get("gpus", 1)
     out = project(relay_of(run, spec, p.get("host_optim", "fused"), gpus))
-    ref, what, spread = (
-        reference(p["reference"], run, open_index(paths.RESULTS_DIR))
-        if p.get("reference")
-        else (None, "none: a projection only", None)
-    )
-    throughput = gpus * out.throughput
     return {
-        "throughput": throughput,
+        "throughput": gpus * out.throughput,
         "step_time": out.step_s,
         "busy_projected": out.busy,
         "bound": out.bound,
@@ -288,13 +285,25 @@ def projected_cell(run, device, cap) -> dict:
         "h2d_s": out.h2d_s,
         "d2h_s": out.d2h_s,
         "host_s": out.host_s,
+        "device_spec": spec.name,
+        "assumptions": spec.sources,
+    }
+
+
+def held_to(run, metrics: dict, index: Index) -> dict:
+    """A projected row's reference (a published figure, or the latest record of the machine's row that ran the
+    projected run), read from the records as the table is rendered, and the projection's error against it."""
+    p = run.options.get("projection") or {}
+    ref, what, spread = (
+        reference(p["reference"], run, index) if p.get("reference") else (None, "none: a projection only", None)
+    )
+    throughput = metrics.get("throughput")
+    return {
         "reference": ref,
         "reference_of": what,
-        "error": (throughput - ref) / ref if ref else None,
+        "error": (throughput - ref) / ref if ref and throughput else None,
         # A record's steps spread: the projection against the nearest end of the throughputs its fastest and slowest
         # timed steps give (0 inside), since no projection can be held closer than the measurement holds itself.
         "reference_range": list(spread) if spread else None,
-        "error_to_spread": outside(throughput, spread) if spread else None,
-        "device_spec": spec.name,
-        "assumptions": spec.sources,
+        "error_to_spread": outside(throughput, spread) if spread and throughput else None,
     }

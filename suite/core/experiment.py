@@ -148,6 +148,9 @@ class Experiment:
     # The label columns that follow from what a cell ran (a variant's `--set` changes them), from its run config:
     # a table shows these from each record's config, never the row's definition for a run that differs from it.
     labels_of: Callable[[Any], dict[str, Any]] | None = None
+    # What a row is held to that other records give (a projection's measured or published reference, its error),
+    # read when its table is rendered, never frozen in its own record: (run, metrics, index) -> metrics to add.
+    held_to: Callable[[Any, dict, Any], dict[str, Any]] | None = None
 
     def cells(
         self,

@@ -622,6 +622,8 @@ def sections(exp, results_dir: Path, warn=print, variants: bool = True) -> list[
             if rec and (why := suspect(rec, index.history(rec))):
                 rec = {**rec, "suspect": why}  # shown with its reason; no ratio, bar or verdict rests on it
             run = RunConfig.from_dict(rec["config"]["run"]) if rec else RunConfig(method=row.method)
+            if rec and exp.held_to is not None and status_of(rec).kind == "ok":  # against today's records
+                rec = {**rec, "metrics": {**rec["metrics"], **exp.held_to(run, rec["metrics"], index)}}
             cells.append(Cell(exp.name, row, run, profile))
             records.append(rec)
         out.append((section_title(profile, machine, dev, variant), cells, records))

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from experiments.l2l_projection import projected_cell
+from experiments.l2l_projection import held_to, projected_cell
 from methods.l2l.projection import DEVICES, project, relay_of
 from suite.config.run import ModelConfig, RunConfig
 
@@ -64,6 +64,8 @@ def test_the_cell_holds_a_row_to_its_reference():
         },
     )
     m = projected_cell(run, None, None)
+    assert "reference" not in m  # the cell projects; what it is held to is read when the table is rendered
+    m |= held_to(run, m, None)
     assert m["error"] == pytest.approx((m["throughput"] - 52.48) / 52.48)
     assert m["throughput"] == pytest.approx(4 * 64 / m["step_time"])
     assert set(m["assumptions"]) == {"tflops", "link", "host"}
@@ -89,6 +91,7 @@ def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
         _run(1), options={**_run(1).options, "projection": {"device": "h100", "reference": {"source": "record"}}}
     )
     m = projected_cell(run, None, None)
+    m |= l2l_projection.held_to(run, m, None)
     inside = 30.0 <= m["throughput"] <= 45.0
     assert m["reference_range"] == [30.0, 45.0]
     assert m["error_to_spread"] == (0.0 if inside else pytest.approx((m["throughput"] - 45.0) / 45.0))
@@ -147,3 +150,23 @@ def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_t
     assert ref("h200-", "current")[0] == 70.0 and ref("h200-", "first")[0] is None
     assert ref("h200-", "current", _run(2))[0] is None  # two micro-batches: no record ran that
     assert ref("a100-", "current")[1] == "no a100 record of table3/l2l-cmp-u1 by today's harness"
+
+
+def test_a_projection_is_held_to_the_records_of_the_day_it_is_rendered():
+    """The projection's record keeps its projection only; its reference and error are read as its table is rendered,
+    so a record committed after the projection (the H100's Table 3 rows of today's harness) is what it is held to,
+    flagged where that record is suspect (issue 62)."""
+    from pathlib import Path
+
+    from suite.core.experiment import get_experiment
+    from suite.records.index import Index
+    from suite.report import tables
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    secs = tables.sections(get_experiment("l2l-projection"), results, warn=lambda _: None)
+    rows = {c.row.name: r for _, cells, records in secs for c, r in zip(cells, records) if r}
+    got = rows["h100-now-t3-cmp-u1"]["metrics"]
+    latest = Index(results).latest("table3", "l2l-cmp-u1", "h100-")
+    assert got["reference"] == latest["metrics"]["throughput"]
+    assert got["error"] == pytest.approx((got["throughput"] - got["reference"]) / got["reference"])
+    assert "suspect (" in got["reference_of"]
