@@ -183,3 +183,16 @@ def test_the_17b_claim_quotes_the_count_not_the_formula():
     _, cells, records = next(s for s in tables.sections(exp, RESULTS, warn=lambda _: None) if "counted" in s[0])
     counted = next(r for r in records if r and r["row"] == "turing-17b")["metrics"]["host_peak_gb"]
     assert f"{counted:.0f} GB on the host, both counted" in line, line
+
+
+def test_a_claim_on_a_cpu_reads_the_most_complete_then_newest_section():
+    """Table 4's claim read a pre-fingerprint section of one round while a newer 3-round sweep stood beside it
+    (issue 62): a claim at `tiny` names no machine by hand; it reads the CPU section with the most rows measured,
+    then the newest, and says which it read."""
+    from suite.report.reading import ANY_CPU, read
+
+    reading = read(Where("table4", "tiny", ANY_CPU), RESULTS)
+    assert reading.where.machine == "cpu-epyc-f25m1-avx2-2c"
+    assert reading.records["N-ranks-u1"]["rounds"] == 3
+    t4 = [c for c in claims.load_claims() if c.where.experiment == "table4"]
+    assert "`cpu-epyc-f25m1-avx2-2c`, tiny, measured" in claims.render(t4, RESULTS)

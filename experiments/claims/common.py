@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from suite.report.reading import Reading
+from suite.report.reading import ANY_CPU, Reading
 
 H100 = "h100-79gb"  # the first lent GPU (docs/gpu-campaign.md)
 CPU = "cpu-epyc-f25m17-avx512bf16-2c"  # the counts at `paper`, Table 7 at `small`, the peers at `tiny`
-OLD_CPU = "unfingerprinted-cpu-x86_64-2-cores"  # the records made before fingerprints (the 2BW tables at `tiny`)
+# The runs at `tiny`: the most complete CPU section of each table, then the newest (suite.report.reading.ANY_CPU)
+TINY_CPU = ANY_CPU
 
 
 def num(x: float | None, spec: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.claims.common import CPU, OLD_CPU, num, nums
+from experiments.claims.common import CPU, TINY_CPU, num, nums
 from suite.report import verdicts
 from suite.report.claims import SEE, Claim, Finding
 from suite.report.reading import Reading, Where
@@ -57,14 +57,14 @@ CLAIMS = [
         "2BW's accuracy is close to vanilla's",
         "2BW Table 1",
         "MNLI 87.77 vs 87.82; GPT perplexity 19.28 vs 19.56",
-        Where("2bw-table1", "tiny", OLD_CPU),
+        Where("2bw-table1", "tiny", TINY_CPU),
         accuracy,
     ),
     Claim(
         "2BW is faster than Flush, and Flush than GPipe, at low batch",
         "2BW Figure 6",
         "2BW up to 1.6x Flush, 3.2x GPipe",
-        Where("2bw-fig6", "tiny", OLD_CPU),
+        Where("2bw-fig6", "tiny", TINY_CPU),
         low_batch,
     ),
     Claim(
@@ -78,7 +78,7 @@ CLAIMS = [
         "Throughput rises with batch",
         "2BW Figure 8",
         "rises with batch; at d = 8 a larger b wins",
-        Where("2bw-fig8", "tiny", OLD_CPU),
+        Where("2bw-fig8", "tiny", TINY_CPU),
         batch,
     ),
     Claim(
@@ -92,7 +92,7 @@ CLAIMS = [
         "The planner's cost model predicts measured runs",
         "2BW §4",
         "no error figure given",
-        Where("planner-check", "tiny", OLD_CPU),
+        Where("planner-check", "tiny", TINY_CPU),
         planner,
     ),
 ]

@@ -70,7 +70,8 @@ def render(claims: list[Claim], results_dir: Path) -> str:
         found = c.judge(reading) if reading is not None else Finding("no records", "not run")
         verdict = provisional(f"see {c.link}" if found.verdict == SEE else found.verdict, reading)
         ours = found.ours + (codes_read(reading) if reading is not None else "")
-        cells = [c.text, f"{c.paper}: {c.figure}", ours, c.where.label(), verdict, c.link]
+        where = reading.where if reading is not None else c.where  # the machine read (ANY_CPU: the one chosen)
+        cells = [c.text, f"{c.paper}: {c.figure}", ours, where.label(), verdict, c.link]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
 

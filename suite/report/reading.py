@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -92,13 +93,35 @@ class Reading:
         return out
 
 
+ANY_CPU = (
+    "any CPU"  # Where.machine: the most complete CPU section of the profile, then the newest (never a hand's pick)
+)
+
+
+def _measured_rows(records) -> int:
+    return sum(bool(r) and tables.measured(r["status"]) for r in records)
+
+
 def read(where: Where, results_dir: Path) -> Reading | None:
-    """The section `where` of its experiment's table, from the records under `results_dir`; None if it has none."""
+    """The section `where` of its experiment's table, from the records under `results_dir`; None if it has none.
+    Where its machine is ANY_CPU: among the CPU sections of its profile, the one with the most rows measured, then the
+    newest (a later sweep on another CPU replaces the one a claim was first read on), named as that machine."""
     exp = get_experiment(where.experiment)
+    found = []
     for title, cells, records in tables.sections(exp, results_dir, warn=lambda _: None):
-        if not where.matches(title):
+        machine = title.partition(" profile on ")[2].partition(" (")[0]
+        if where.machine == ANY_CPU and "(cpu device)" in title:
+            if not dataclasses.replace(where, machine=machine).matches(title):
+                continue
+        elif not where.matches(title):
             continue
-        names, rows = tables.table_rows(exp, cells, records)
-        by_row = {r[0]: dict(zip(names, r)) for r in rows}
-        return Reading(where, by_row, {c.row.name: rec for c, rec in zip(cells, records)})
-    return None
+        newest = max((str(r.get("finished") or "") for r in records if r), default="")
+        found.append(((_measured_rows(records), newest), machine, cells, records))
+    if not found:
+        return None
+    _, machine, cells, records = max(found, key=lambda f: f[0])
+    names, rows = tables.table_rows(exp, cells, records)
+    by_row = {r[0]: dict(zip(names, r)) for r in rows}
+    return Reading(
+        dataclasses.replace(where, machine=machine), by_row, {c.row.name: rec for c, rec in zip(cells, records)}
+    )
