@@ -120,12 +120,13 @@ def held_to(run, metrics: dict, index: Index) -> dict:
     }
 
 
-def roofline_cell(run, device, cap) -> dict:
+def roofline_cell(run, device, cap, index: Index | None = None) -> dict:
     """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key); the roofline
     (methods/roofline.py) is handed its rates and computes alone. What it is held to is read when the table is
-    rendered (held_to)."""
+    rendered (held_to). `index`: the records whose rates it takes (the suite's results folder's where not given: the
+    estimate hands the one it prices from)."""
     p = run.options["projection"]
-    spec = rates(p["machine"], open_index(paths.RESULTS_DIR))
+    spec = rates(p["machine"], index if index is not None else open_index(paths.RESULTS_DIR))
     out = roofline.project(run, spec)
     peak = peak_tflops(spec.gpu, run.precision)
     tflops = out.flops / out.step_s / 1e12

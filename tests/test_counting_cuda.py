@@ -8,13 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from suite.commands.campaign.stages import COUNTED_ROWS, counted_cells
+from suite.commands.campaign.stages import counted_cells
 from suite.core.launcher import run_cell
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("cell", counted_cells(), ids=list(COUNTED_ROWS))
+@pytest.mark.parametrize("cell", counted_cells(), ids=lambda c: c.row.name)
 def test_counted_device_peak_within_5_percent_of_cuda_max_memory_allocated(cell):
     with ThreadPoolExecutor(1) as pool:
         count = pool.submit(run_cell, dataclasses.replace(cell, kind="count"), 600)

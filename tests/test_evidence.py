@@ -112,7 +112,6 @@ def test_a_key_change_does_not_hide_a_2x_move(tmp_path):
     store.save(tmp_path, "new", "h100-79gb", rec("new", 129.56, "c1", "2026-11-27", 3))
     index = Index(tmp_path)
     now = index.cell("new", "h100-79gb")
-    assert suspect(now, index.kept("new", "h100-79gb")) is None  # the cell's own earlier records: none
     said = suspect(now, index.history(now))
     assert said.startswith("130 samples/s, 4.16x the 31.2 measured at c0c0c0c under another cell (steps 5 -> 3)"), said
     exp = get_experiment("table2")
@@ -163,16 +162,31 @@ def test_no_rounds_is_one_round_a_pending_verdict_keeps_its_doubts_and_table7_re
     assert t7 and rendered.count("provisional (reproduced (6 of 6 tasks)): read from several codes") == len(t7)
 
 
-def test_a_one_round_rate_is_marked_in_the_status_column_beside_its_ratio():
-    """Table 3's H100 rows rest on one timing round each: the status column says so where the ratio is printed."""
+def _copies(tmp_path, experiment, machine, **changed):
+    """The committed records of `experiment` on `machine`, saved again under `tmp_path` with `changed` fields."""
+    import json
+
+    from suite.records import store
+
+    for path in (RESULTS / "runs" / machine).glob("*.json"):
+        rec = json.loads(path.read_text())
+        if rec["experiment"] == experiment and not rec.get("variant"):
+            store.save(tmp_path, rec["key"], machine, {**rec, **changed})
+
+
+def test_a_one_round_rate_is_marked_in_the_status_column_beside_its_ratio(tmp_path):
+    """A row of one timing round says so in the status column where its ratio is printed (Table 3's H100 rows read
+    plain `ok` beside their one-round ratios); three rounds need no mark."""
     exp = get_experiment("table3")
-    secs = tables.sections(exp, RESULTS, warn=lambda _: None, variants=False)
-    _, cells, records = next(s for s in secs if s[0] == "paper profile on h100-79gb (cuda device)")
-    cols, rows = tables.table_rows(exp, cells, records)
-    status = dict((r[0], r[cols.index("status")]) for r in rows)
-    assert "1 timing round (fewer than 3: provisional)" in status["l2l-cmp-u2"], status["l2l-cmp-u2"]
-    briefs = dict(zip((c.row.name for c in cells), tables._briefs(exp, cells, records)))
-    assert "1 timing round" in briefs["amp-rc-u2"]
+    for rounds, marked in ((1, True), (3, False)):
+        _copies(tmp_path / str(rounds), "table3", "h100-79gb", rounds=rounds, sweep="s", suspect=None)
+        secs = tables.sections(exp, tmp_path / str(rounds), warn=lambda _: None, variants=False)
+        _, cells, records = next(s for s in secs if s[0] == "paper profile on h100-79gb (cuda device)")
+        cols, rows = tables.table_rows(exp, cells, records)
+        status = dict((r[0], r[cols.index("status")]) for r in rows)
+        assert ("1 timing round (fewer than 3: provisional)" in status["l2l-cmp-u2"]) == marked, status["l2l-cmp-u2"]
+        briefs = dict(zip((c.row.name for c in cells), tables._briefs(exp, cells, records)))
+        assert ("1 timing round" in briefs["amp-rc-u2"]) == marked
 
 
 def test_the_17b_claim_quotes_the_count_not_the_formula():
@@ -185,14 +199,45 @@ def test_the_17b_claim_quotes_the_count_not_the_formula():
     assert f"{counted:.0f} GB on the host, both counted" in line, line
 
 
-def test_a_claim_on_a_cpu_reads_the_most_complete_then_newest_section():
+def test_a_claim_on_a_cpu_reads_the_most_complete_then_newest_section(tmp_path):
     """Table 4's claim read a pre-fingerprint section of one round while a newer 3-round sweep stood beside it
     (issue 62): a claim at `tiny` names no machine by hand; it reads the CPU section with the most rows measured,
     then the newest, and says which it read."""
     from suite.report.reading import ANY_CPU, read
 
-    reading = read(Where("table4", "tiny", ANY_CPU), RESULTS)
-    assert reading.where.machine == "cpu-epyc-f25m1-avx2-2c"
-    assert reading.records["N-ranks-u1"]["rounds"] == 3
+    reading = read(Where("table4", "tiny", ANY_CPU), RESULTS)  # the committed records: the newer 3-round sweep
+    assert reading.where.machine == "cpu-epyc-f25m1-avx2-2c" and reading.records["N-ranks-u1"]["rounds"] == 3
     t4 = [c for c in claims.load_claims() if c.where.experiment == "table4"]
     assert "`cpu-epyc-f25m1-avx2-2c`, tiny, measured" in claims.render(t4, RESULTS)
+    # the rule itself, on two CPUs with the same rows: as complete, the newest; more complete, whatever its age
+    import json
+
+    from suite.records import store
+
+    mine = [json.loads(p.read_text()) for p in (RESULTS / "runs" / "cpu-epyc-f25m1-avx2-2c").glob("*.json")]
+    mine = [r for r in mine if r["experiment"] == "table4" and r["profile"] == "tiny"]
+    for slug, finished, rows in (("cpu-old", "2026-01-01", 6), ("cpu-new", "2026-02-01", 6)):
+        for rec in mine[:rows]:
+            store.save(
+                tmp_path, rec["key"], slug, {**rec, "finished": finished, "machine": {**rec["machine"], "slug": slug}}
+            )
+    assert read(Where("table4", "tiny", ANY_CPU), tmp_path).where.machine == "cpu-new"
+    (tmp_path / "runs" / "cpu-new" / f"{mine[0]['key']}.json").unlink()  # the newer one lacks a row
+    assert read(Where("table4", "tiny", ANY_CPU), tmp_path).where.machine == "cpu-old"
+
+
+def test_one_rule_tells_codes_apart_for_every_reader():
+    """A code is its digest (its commit where it predates the digest): one code of two commits is one label naming
+    both, two codes of one commit (a dirty tree) two labels naming their digests; a row of no code has none."""
+
+    def rec(code, commit):
+        return {"provenance": {"code": code, "commit": commit * 8}}
+
+    same_code = [rec("c1", "a"), rec("c1", "b")]
+    assert set(tables.codes(same_code).values()) == {"aaaaaaa/bbbbbbb"}
+    dirty = [rec("c1", "a"), rec("c2", "a"), None, {"provenance": None}]
+    assert tables.codes(dirty) == {0: "aaaaaaa (code c1)", 1: "aaaaaaa (code c2)"}
+    where = Where("table2", "paper", "m")
+    r = Reading(where, {"x": {"mem": 1.0}, "y": {"mem": 2.0}}, {"x": same_code[0], "y": same_code[1]})
+    r.value("x", "mem"), r.value("y", "mem")
+    assert r.doubts() == [] and claims.codes_read(r) == ""  # one code: no doubt, no marks

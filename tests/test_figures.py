@@ -96,9 +96,13 @@ def test_the_front_page_draws_the_gpus_paper_sections_alone():
 
 def test_a_rate_of_fewer_than_3_rounds_is_drawn_hatched_memory_of_one_round_is_not():
     """A front-page bar resting on a one-round rate says so where it is drawn (issue 51); memory needs one round."""
-    one = {"status": "ok", "rounds": 1}
+    rate = {"metrics": {"throughput": 10.0}}
+    one = {"status": "ok", "rounds": 1, **rate}
     assert plots.thin(one) and not plots.partial(one)
-    assert plots.thin({"status": "partial: 1/3 rounds", "rounds": 1}) and not plots.thin({"status": "ok", "rounds": 3})
+    assert plots.thin({"status": "partial: 1/3 rounds", "rounds": 1, **rate})
+    assert not plots.thin({"status": "ok", "rounds": 3, **rate})
+    assert plots.thin({"status": "ok", **rate})  # a record that says no rounds rests on one
+    assert not plots.thin({"status": "ok", "rounds": 1, "metrics": {"memory_gb": 1.0}})  # memory needs one round
 
 
 def test_a_busy_reference_withholds_every_rate_of_its_section_and_tiny_memory_says_what_it_cannot_test(

@@ -46,11 +46,11 @@ def test_the_index_answers_what_each_reader_asks(tmp_path):
     assert index.latest("table2", "r", "h100-", where=lambda r: r["key"] == "k2")["metrics"]["throughput"] == 40.0
     assert index.latest("table2", "other", "h100-") is None
     assert set(index.latest_each("h100-")) == {("table2", "r", "paper")}
-    # the previous record of the same row, machine and profile, across keys and kept records alike
+    # the other records of the same row, machine, profile and device, across keys and kept records alike
     now = index.cell("k1", "h100-79gb")
-    assert index.previous(now)["key"] == "k2"
-    assert index.previous(index.cell("k2", "h100-79gb"))["sweep"] == "s1"
-    assert index.previous(index.kept("k1", "h100-79gb")[0]) is None
+    assert [(r["key"], r["sweep"]) for r in index.history(now)] == [("k1", "s1"), ("k2", "s1")]
+    store.save(tmp_path, "k3", "h100-79gb", _rec("k3", "h100-79gb", finished="2026-11-05", device_type="cpu"))
+    assert len(Index(tmp_path).history(now)) == 2  # a CPU run of the row on that machine is another section's
 
 
 def test_an_open_index_is_read_once_and_again_when_a_record_changes(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
-"""A render at HEAD changes nothing (issue 62): `python -m suite render` from the committed records rewrites every
-table, figure, the README's claims and the docs' excerpts exactly as committed, on whatever machine renders them,
-and writes no file that is not committed. Figures are compared by name (their pixels follow the matplotlib that draws
-them, which a fresh environment may update); every text file byte for byte."""
+"""A render at HEAD changes nothing (issue 62): `python -m suite render` from the records rewrites every table, figure,
+the README's claims and the docs' excerpts exactly as they stand in the checkout (in a fresh clone, as committed), on
+whatever machine renders them, and writes no file that is not committed (ignored caches aside). Figures are compared
+by name (their pixels follow the matplotlib that draws them, which a fresh environment may update); every text file
+byte for byte."""
 
 import os
 import shutil

@@ -70,10 +70,20 @@ KINDS: dict[str, Kind] = {
     # Order matters where one GPU's name holds another's: the PCIe and NVL parts before the SXM part, GH200 before
     # H200.
     "h100-pcie": Kind(
-        "h100-pcie", "H100 PCIe", "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}, 80
+        "h100-pcie",
+        "H100 PCIe",
+        "H100 PCIe",
+        {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
+        80,
+        slug="h100-pcie",
     ),
     "h100-nvl": Kind(
-        "h100-nvl", "H100 NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0}, 94
+        "h100-nvl",
+        "H100 NVL",
+        "H100 NVL",
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0},
+        94,
+        slug="h100-nvl",
     ),
     "h100": H100,
     "gh200": replace(
@@ -142,8 +152,10 @@ def of_device(device_name: str) -> Kind | None:
 
 
 def of_slug(slug: str) -> Kind | None:
-    """The lent kind a machine's slug names (its records' `machine`), else None."""
-    return next((KINDS[k] for k in LENT if slug.startswith(KINDS[k].slug)), None)
+    """The kind a machine's slug names (its records' `machine`): the longest slug that starts it (an H100 NVL's
+    `h100-nvl-...` is not the SXM's `h100-...`), else None."""
+    named = sorted((k for k in KINDS.values() if k.slug and slug.startswith(k.slug)), key=lambda k: -len(k.slug))
+    return named[0] if named else None
 
 
 # bench-link's figures (experiments/benchmarks/link.py) and the rates they measure
@@ -157,9 +169,13 @@ BENCH_RATES = {
 
 
 def measured(kind: Kind, metrics: dict, where: str) -> Kind:
-    """`kind` with each rate a bench-link record measured (its `metrics`) in place of the assumed one, its source
-    `where` (the record: its machine and date)."""
-    got = {rate: Figure(float(metrics[key]), where) for key, rate in BENCH_RATES.items() if key in metrics}
+    """`kind` with each rate a bench-link record measured (its `metrics`: a number) in place of the assumed one, its
+    source `where` (the record: its machine and date)."""
+    got = {
+        rate: Figure(float(metrics[key]), where)
+        for key, rate in BENCH_RATES.items()
+        if isinstance(metrics.get(key), (int, float))
+    }
     return replace(kind, rates={**kind.rates, **got})
 
 

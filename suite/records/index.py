@@ -1,22 +1,22 @@
 """The one index over the records: results/runs/ read once, and the few questions every reader asks of it.
 
-The plan, the recorder, the tables, the claims, the trust rules, the estimate and the projections ask this index;
+The plan, the runner, the tables, the claims, the trust rules, the estimate and the projections ask this index;
 none of them lists or opens results/runs/ itself (the store writes and reads one file; suite/records/store.py).
 
 - `cell(key, machine)`: this machine's record of one cell (what the plan reuses); `newer_schema` where a newer suite
   wrote it; `others(key, machine)`: other machines' records of that cell (a count any machine may reuse).
 - `records()`: every current record (each machine's folder, and the flat ones that predate fingerprints).
 - `latest(experiment, row, machine)`: the latest record of a row on a machine or a machine kind (a slug's prefix);
-  `latest_each(records)`: the latest of each row among some records.
+  `latest_each(machine)`: the latest of each row; `latest_of_rows(records)`: the latest of each row among some.
 - `machine(kind)`: the machine catalogue's kind, with the rates a lent machine of it measured
   (suite/measure/machines.py).
 - `kept(key, machine, sweep)`: the records of a cell the store kept when later sweeps replaced them.
-- `history(record)`, `previous(record)`: the other records of the same row, machine and profile, whatever their key
-  (what the trust rules hold a record to), and the one finished last before it.
+- `history(record)`: the other records of the same row, machine, profile and device, whatever their key (what the
+  trust rules hold a record to).
 
-An index is read on its first question and kept for the command: `open_index(results_dir)` gives the same index to
-every reader in a process; it reads again after this process saves a record (store.save) or when a record file
-changes under it (its name, time or size).
+An index is read on its first question and kept: it reads again after this process saves a record (store.save).
+`open_index(results_dir)` gives every reader of a process the same index, and a new one where a record file changed
+under it (its name, time or size: another process's save).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class Index:
         self.results_dir = Path(results_dir)
         self._files: dict[Path, _File] | None = None
         self._saves = -1  # store.saves when the files were read: a save in this process reads them again
+        self._rows: dict[tuple, list[Record]] = {}  # the readable records (current and kept) of each row, by row_key
+        self._kinds: dict[str, machines.Kind] = {}  # machine(): each kind's, once a read
 
     # reading -----------------------------------------------------------------------------------------------------
 
@@ -72,7 +74,16 @@ class Index:
             runs = self.results_dir / "runs"
             paths = [*runs.glob("*.json"), *runs.glob("*/*.json"), *runs.glob(f"*/{store.EARLIER}/*.json")]
             self._files = {p: self._read(p) for p in sorted(paths)}
+            self._rows, self._kinds = {}, {}
+            for f in self._files.values():
+                if f.record is not None:
+                    self._rows.setdefault(row_key(f.record), []).append(f.record)
         return self._files
+
+    def _of_row(self, experiment: str, row: str, profile: str) -> list[Record]:
+        """Every readable record (current and kept) of experiment/row at `profile`, any machine, device, variant."""
+        self.files  # noqa: B018 (read, or read again after a save)
+        return [r for key, recs in self._rows.items() if key[:3] == (experiment, row, profile) for r in recs]
 
     def _say(self, files: Iterable[_File], warn: Callable[[str], None]) -> None:
         for f in files:
@@ -135,60 +146,63 @@ class Index:
     ) -> Record | None:
         """The latest current record of experiment/row at `profile` on a machine whose slug starts with `machine` (a
         slug, or a kind's prefix: `h100-`) that `where` accepts; `order` ranks candidates (default: when finished)."""
+        current = {id(f.record) for f in self._current()}
         found = [
             rec
-            for rec in self.records(warn=lambda _: None)
-            if machine_of(rec).startswith(machine)
-            and (rec.get("experiment"), rec.get("row"), rec.get("profile")) == (experiment, row, profile)
-            and (where is None or where(rec))
+            for rec in self._of_row(experiment, row, profile)
+            if id(rec) in current and machine_of(rec).startswith(machine) and (where is None or where(rec))
         ]
-        return max(found, key=order or (lambda r: str(r.get("finished") or ""))) if found else None
+        rank = order or (lambda r: str(r.get("finished") or ""))
+        best = None
+        for rec in found:  # of two ranked alike, the later file's (as latest_of_rows)
+            if best is None or rank(rec) >= rank(best):
+                best = rec
+        return best
 
     def machine(self, name: str) -> machines.Kind:
         """The catalogue's kind `name`, each rate a lent machine of it measured in place of the assumed one: its latest
         finished `bench-link` record at `paper`, as the table defines it (machines.measured names it)."""
+        self.files  # noqa: B018 (read, or read again after a save: the kinds with it)
+        if name in self._kinds:
+            return self._kinds[name]
         kind = machines.kind(name)
         rec = kind.slug and self.latest(
             "bench-link",
             "block",
             kind.slug,
             where=lambda r: (
-                status_of(r).kind == "ok" and not r.get("variant") and "h2d_gbps" in (r.get("metrics") or {})
+                status_of(r).kind == "ok"
+                and not r.get("variant")
+                and getattr(machines.of_slug(machine_of(r)), "name", None) == name  # not another kind's slug
+                and isinstance((r.get("metrics") or {}).get("h2d_gbps"), (int, float))
             ),
         )
-        if not rec:
-            return kind
-        return machines.measured(
-            kind, rec["metrics"], f"measured: bench-link on {machine_of(rec)}, {str(rec['finished'])[:10]}"
-        )
+        if rec:
+            kind = machines.measured(
+                kind, rec["metrics"], f"measured: bench-link on {machine_of(rec)}, {str(rec['finished'])[:10]}"
+            )
+        self._kinds[name] = kind
+        return kind
 
     def latest_each(self, machine: str = "", where: Callable[[Record], bool] | None = None) -> dict[tuple, Record]:
         """The latest current record of each row (experiment, row, profile) on a machine whose slug starts with
         `machine` (every machine: ""), among those `where` accepts; of two finished at once, the later file's."""
-        return latest_each(r for r in self.records(warn=lambda _: None) if machine_of(r).startswith(machine)
-                           and (where is None or where(r)))  # fmt: skip
+        return latest_of_rows(r for r in self.records(warn=lambda _: None) if machine_of(r).startswith(machine)
+                              and (where is None or where(r)))  # fmt: skip
 
     def history(self, record: Record) -> list[Record]:
-        """Every other record of `record`'s row (experiment, row, variant) on its machine and profile with figures
-        (finished, or partial: its measured rounds), whatever its cell key: the current records of other keys and the
-        kept ones alike, oldest first."""
-        mine = (record.get("experiment"), record.get("row"), record.get("profile"), record.get("variant") or "")
-        slug, me = machine_of(record), (record.get("key"), record.get("sweep"), record.get("finished"))
+        """Every other record of `record`'s row (experiment, row, profile, variant) on its machine and device with
+        figures (finished, or partial: its measured rounds), whatever its cell key: the current records of other keys
+        and the kept ones alike, oldest first."""
+        self.files  # noqa: B018 (read, or read again after a save)
+        me = (record.get("key"), record.get("sweep"), record.get("finished"))
         found = [
             rec
-            for f in self.files.values()
-            if (rec := f.record) is not None
-            and (rec.get("experiment"), rec.get("row"), rec.get("profile"), rec.get("variant") or "") == mine
-            and machine_of(rec) == slug
-            and (rec.get("key"), rec.get("sweep"), rec.get("finished")) != me
+            for rec in self._rows.get(row_key(record), [])
+            if (rec.get("key"), rec.get("sweep"), rec.get("finished")) != me
             and (status_of(rec).finished or status_of(rec).measured)
         ]
         return sorted(found, key=lambda r: str(r.get("finished") or ""))
-
-    def previous(self, record: Record) -> Record | None:
-        """The record of `record`'s history (see `history`) finished last before it."""
-        when = str(record.get("finished") or "")
-        return next((r for r in reversed(self.history(record)) if str(r.get("finished") or "") < when), None)
 
 
 def row_of(record: Record) -> tuple:
@@ -196,7 +210,12 @@ def row_of(record: Record) -> tuple:
     return record.get("experiment"), record.get("row"), record.get("profile")
 
 
-def latest_each(records: Iterable[Record]) -> dict[tuple, Record]:
+def row_key(record: Record) -> tuple:
+    """A record's row as its table's section holds it: experiment, row, profile, then variant, machine and device."""
+    return (*row_of(record), record.get("variant") or "", machine_of(record), record.get("device_type"))
+
+
+def latest_of_rows(records: Iterable[Record]) -> dict[tuple, Record]:
     """The latest (by `finished`) of `records` for each row (row_of); of two finished at once, the later one's."""
     out: dict[tuple, Record] = {}
     for r in records:
@@ -227,5 +246,5 @@ def open_index(results_dir: Path) -> Index:
     sig = _signature(where)
     held = _open.get(where)
     if held is None or held[0] != sig:
-        held = _open[where] = (sig, Index(results_dir))
+        held = _open[where] = (sig, Index(where))
     return held[1]

@@ -79,10 +79,9 @@ def render(claims: list[Claim], results_dir: Path) -> str:
 def codes_read(reading: Reading) -> str:
     """Where the rows a claim read come from more than one code, each row's code, so that no figures of two codes
     stand side by side unmarked (` [rows: code; ...]`); else ""."""
-    made = {
-        row: rec for row, _ in sorted(reading.used) if (rec := reading.records.get(row)) and tables.made_by_a_code(rec)
-    }
-    commits = {row: tables.commit_of(rec) for row, rec in made.items()}
+    rows = sorted({row for row, _ in reading.used if reading.records.get(row)})
+    labels = tables.codes([reading.records[row] for row in rows])
+    commits = {rows[i]: label for i, label in labels.items()}
     if len(set(commits.values())) < 2:
         return ""
     by_commit: dict[str, list[str]] = {}

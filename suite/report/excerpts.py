@@ -23,7 +23,7 @@ from pathlib import Path
 from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
 from suite.core.experiment import get_experiment
-from suite.core.kinds import is_projected
+from suite.core.kinds import KINDS, is_projected, kind
 from suite.records.schema import metrics_of
 from suite.report import tables
 
@@ -37,8 +37,12 @@ BLOCK = re.compile(
 
 
 def _kind(rec) -> str:
-    kind = ((rec or {}).get("config") or {}).get("kind")
-    return "counted" if kind == "count" else "projected" if is_projected(kind) else "measured"
+    """What a record's figures are: projected (a projection's arithmetic), counted (fake tensors on the host: a count,
+    a search over counts), else measured."""
+    name = ((rec or {}).get("config") or {}).get("kind") or "throughput"
+    if is_projected(name):
+        return "projected"
+    return "counted" if name in KINDS and kind(name).on_host else "measured"
 
 
 def render(spec: dict, results_dir: Path, page: Path) -> str:
@@ -59,15 +63,15 @@ def render(spec: dict, results_dir: Path, page: Path) -> str:
         raise ConfigError(f"{page.name}: excerpt of {exp.name}: no row or column {', '.join(map(repr, missing))}")
     picked = [by_row[r] for r in want]
     shown = [names.index(c) for c in spec.get("columns", []) if c != "status"]  # the status (brief) comes last
-    made = [records[i] for i in picked if records[i] and tables.made_by_a_code(records[i])]
-    commits = sorted({tables.commit_of(r) for r in made})
-    several = len({(r.get("provenance") or {}).get("code") or tables.commit_of(r) for r in made}) > 1
+    labels = tables.codes([records[i] for i in picked])  # by position among the picked rows
+    commits = sorted(set(labels.values()))
+    several = len(commits) > 1
     head = ["row", *(cols[i].title for i in shown), *(["code"] if several else []), "status"]
     lines = []
-    for i in picked:
+    for n, i in enumerate(picked):
         line = [cells[i].row.name, *(cols[j].show(rows[i][j]) for j in shown)]
         if several:
-            line.append(tables.commit_of(records[i]) if records[i] and tables.made_by_a_code(records[i]) else "—")
+            line.append(labels.get(n, "—"))
         lines.append([*line, briefs[i]])
     kinds = sorted({_kind(records[i]) for i in picked if records[i] and metrics_of(records[i])})
     link = os.path.relpath(results_dir / f"{exp.name}.md", page.parent).replace(os.sep, "/")

@@ -11,7 +11,6 @@ from suite.config.files import write_atomic
 from suite.core.rounds import RATES
 from suite.measure.contention import contended
 from suite.records.schema import metrics_of, status_of
-from suite.records.trust import MIN_ROUNDS, timing_rounds
 from suite.report import tables
 
 
@@ -125,7 +124,7 @@ def partial(rec) -> bool:
 def thin(rec) -> bool:
     """A rate too thinly sampled for a verdict: a partial record, or one of fewer than MIN_ROUNDS timing rounds (a
     sweep run with --rounds 1): drawn hatched, as a claim reading it is provisional (suite/report/reading.py)."""
-    return partial(rec) or (bool(rec) and timing_rounds(rec) < MIN_ROUNDS)
+    return partial(rec) or tables.thin_rate(rec)
 
 
 def section_colours(secs) -> dict[str, str]:

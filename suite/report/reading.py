@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,15 +76,14 @@ class Reading:
         than MIN_ROUNDS timing rounds. Counted sections have no rounds."""
         recs = {row: rec for row, _ in sorted(self.used) if (rec := self.records.get(row))}
         out = [f"`{row}` suspect ({rec['suspect']})" for row, rec in recs.items() if rec.get("suspect")]
-        made = [rec for rec in recs.values() if tables.made_by_a_code(rec)]  # (not run, pending: no code)
-        if any(tables.another_code(a, b) for a, b in itertools.combinations(made, 2)):
-            commits = sorted({tables.commit_of(rec) for rec in made})
-            out.append(f"read from several codes (commits {', '.join(commits)})")
+        labels = set(tables.codes(list(recs.values())).values())  # (not run, pending: no code)
+        if len(labels) > 1:
+            out.append(f"read from several codes (commits {', '.join(sorted(labels))})")
         thin = sorted(
             {
                 f"`{row}` {timing_rounds(recs[row])}"
                 for row, column in self.used
-                if row in recs and "throughput" in column and timing_rounds(recs[row]) < MIN_ROUNDS
+                if row in recs and "throughput" in column and tables.thin_rate(recs[row])
             }
         )
         if thin and not self.where.counted:

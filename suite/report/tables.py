@@ -18,7 +18,7 @@ from suite.config import paths
 from suite.config.files import write_atomic
 from suite.config.run import RunConfig
 from suite.core.experiment import Cell
-from suite.core.kinds import is_projected, is_timed
+from suite.core.kinds import is_projected
 from suite.core.rounds import RATES, spread
 from suite.measure.contention import contended
 from suite.measure.counting import ROLES
@@ -195,13 +195,12 @@ def _status(cell, rec, base_rec, metrics) -> tuple[str, str]:
         full, brief = f"{full}, contended", f"{brief}, contended"
     if rec and rec.get("suspect"):  # shown with its reason; no ratio rests on it (suite/records/trust.py)
         full, brief = f"{full}, suspect: {rec['suspect']}", f"{brief}, suspect"
-    timed = is_timed((rec or {}).get("config", {}).get("kind", "throughput"))
     if rec and is_projected((rec.get("config") or {}).get("kind")):  # figures of arithmetic, not of a run
         full, brief = f"{full}, projected (nothing measured)", f"{brief}, projected"
-    if rec and status_of(rec).kind == "ok" and timed and _num(metrics.get("throughput")) is not None:
-        if (n := timing_rounds(rec)) < MIN_ROUNDS:  # its rate, and every ratio printed of it, rests on n rounds
-            said = f"{n} timing round{'s' if n > 1 else ''}"
-            full, brief = f"{full}, {said} (fewer than {MIN_ROUNDS}: provisional)", f"{brief}, {said}"
+    if rec and status_of(rec).kind == "ok" and thin_rate(rec):  # its rate, and every ratio of it, rests on n rounds
+        n = timing_rounds(rec)
+        said = f"{n} timing round{'s' if n > 1 else ''}"
+        full, brief = f"{full}, {said} (fewer than {MIN_ROUNDS}: provisional)", f"{brief}, {said}"
     if rec and base_rec and another_code(rec, base_rec):  # shown for context: no ratio crosses codes
         full += f", another code: {commit_of(rec)} (the reference's {commit_of(base_rec)})"
         brief += ", another code"
@@ -214,6 +213,15 @@ def _status(cell, rec, base_rec, metrics) -> tuple[str, str]:
         )
         brief += ", counted without its offload"
     return full, brief
+
+
+def thin_rate(rec: Record | None) -> bool:
+    """Whether a record's rate rests on fewer than MIN_ROUNDS timing rounds (a record that says none rests on one):
+    one with a measured throughput (ok or partial), not a projection's; the one rule the status column, a claim's
+    doubts and a figure's hatching share."""
+    if not rec or not status_of(rec).measured or _num(metrics_of(rec).get("throughput")) is None:
+        return False
+    return not is_projected((rec.get("config") or {}).get("kind")) and timing_rounds(rec) < MIN_ROUNDS
 
 
 def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy: bool = False) -> list[Any]:
@@ -300,6 +308,29 @@ def commit_of(rec: Record) -> str:
     """A record's commit, short, or its code digest where it names no commit."""
     prov = rec.get("provenance") or {}
     return str(prov.get("commit") or "")[:7] or f"code {prov.get('code') or '?'}"
+
+
+def codes(records: list[Record | None]) -> dict[int, str]:
+    """The code of each record that names one (by its index in `records`), as a reader tells them apart: records of
+    one code (another_code says none differs) share a label, its commit, and the code's digest beside where two codes
+    share a commit (a dirty tree). One label each: every reader that marks codes (a claim, an excerpt, a verdict's
+    doubts) says the same."""
+    groups: list[list[int]] = []
+    for i, rec in enumerate(records):
+        if not rec or not made_by_a_code(rec):
+            continue
+        home = next((g for g in groups if not another_code(rec, records[g[0]])), None)
+        if home is None:
+            home = []
+            groups.append(home)
+        home.append(i)
+    commits = ["/".join(sorted({commit_of(records[i]) for i in g})) for g in groups]  # one code, its commits
+    out = {}
+    for group, commit in zip(groups, commits):
+        code = (records[group[0]].get("provenance") or {}).get("code")
+        label = f"{commit} (code {code})" if commits.count(commit) > 1 and code else commit
+        out.update(dict.fromkeys(group, label))
+    return out
 
 
 def measured(status: str, oom: bool = True) -> bool:

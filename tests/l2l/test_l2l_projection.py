@@ -100,11 +100,12 @@ def test_a_record_reference_is_held_to_its_steps_spread(monkeypatch):
     assert projection.outside(31.0, (30.0, 45.0)) == 0.0
 
 
-def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_the_latest(monkeypatch):
+def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_the_latest(tmp_path):
     """The first GPU run's records say nothing of their harness; today's do (provenance.harness). A row held to the
     first run keeps its record when a GPU of the same kind commits new ones; a row held to today's takes the newest
     finished one that ran the projected run: not a `--set` variant of the row, nor another shape or setting."""
     from experiments import l2l_projection
+    from suite.records import store
     from suite.records.index import Index
 
     run = _run(1)  # fp16, 24 layers, one micro-batch of 64, overlap on, stash on the host
@@ -119,6 +120,9 @@ def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_t
 
     def rec(slug, throughput, finished, harness, status="ok", variant="", **changed):
         return {
+            "key": f"k{throughput}",
+            "method": run.method,
+            "device_type": "cuda",
             "machine": {"slug": slug},
             "experiment": "table3",
             "row": "l2l-cmp-u1",
@@ -139,11 +143,13 @@ def test_a_record_reference_takes_the_harness_it_names_the_run_it_projects_and_t
         rec("h100-79gb", 98.0, "2026-12-03", True, options={"overlap": "off", "stash": "cpu"}),  # another setting
         rec("h200-140gb", 70.0, "2026-12-03", True),
     ]
-    monkeypatch.setattr(Index, "records", lambda self, warn=None: records)
+    for r in records:
+        store.save(tmp_path, r["key"], r["machine"]["slug"], r)
+    index = Index(tmp_path)
 
     def ref(machine, harness, run=run):
         got = {"source": "record", "machine": machine, "experiment": "table3", "row": "l2l-cmp-u1", "harness": harness}
-        return l2l_projection.reference(got, run, Index("unused"))
+        return l2l_projection.reference(got, run, index)
 
     assert ref("h100-79gb", "first")[:2] == (48.9, "h100-79gb record table3/l2l-cmp-u1")
     assert ref("h100-79gb", "current")[:2] == (60.0, "h100-79gb record table3/l2l-cmp-u1")

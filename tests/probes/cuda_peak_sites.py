@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 
-from suite.commands.campaign.stages import COUNTED_ROWS, counted_cells
+from suite.commands.campaign.stages import counted_cells
 from suite.core.cell import execute
 
 OURS = ("/suite/", "/methods/", "/baselines/", "/experiments/")
@@ -78,7 +78,7 @@ def peak_sites(snapshot: dict, device: int = 0) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out, rows = argv[0], set(argv[1:]) or set(COUNTED_ROWS)
+    out, rows = argv[0], set(argv[1:]) or {c.row.name for c in counted_cells()}
     report: dict = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(),

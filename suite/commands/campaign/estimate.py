@@ -53,7 +53,7 @@ from suite.core.schedule import pooled, shape_of
 from suite.harness.model import param_count, pool_limit
 from suite.measure import flops, machines
 from suite.measure.provenance import code_digest
-from suite.records.index import latest_each, open_index, row_of
+from suite.records.index import latest_of_rows, open_index, row_of
 from suite.records.schema import Outcome, Record, failed, machine_of
 
 WORKER_CELL_S = 2.0  # assumed: a pooled cell's copy, upload to the GPU and first-step kernels (not yet measured)
@@ -150,7 +150,7 @@ class CostTable:
         # utilisation where the target has none of the method or the table, and their process starts' growth with
         # the model where the target's records span one model size
         kin = [r for r in every if _kind(machine_of(r)) not in (None, device) and _step_time(r) is not None]
-        self.kin = latest_each(kin)
+        self.kin = latest_of_rows(kin)
         self.kin_mfu, kin_points, kin_machines = Utilisation(), [], set()
         for r in kin:
             if (point := _overhead_point(r)) is not None:
@@ -229,7 +229,7 @@ class CostTable:
         # the `roofline` cell kind, found by name as a cell finds it: the cell's run projected on the target's kind
         run = dataclasses.replace(cell.run, options={**cell.run.options, "projection": {"machine": self.device}})
         try:
-            out = KINDS.load("roofline")(run, None, None)
+            out = KINDS.load("roofline")(run, None, None, index=open_index(self.results_dir))
         except ValueError:  # a method (or setting) the roofline does not model
             return None
         return out["step_time"], f"its roofline on {self.device} ({out['bound']}-bound)"
@@ -312,7 +312,7 @@ def _params(run) -> int:
 def _kind(machine: str) -> str | None:
     """The lent GPU kind (the machine catalogue's name) a machine's slug names, else None."""
     found = machines.of_slug(machine)
-    return found.name if found else None
+    return found.name if found and found.name in machines.LENT else None
 
 
 def _overhead_point(r: Record) -> tuple[float, float] | None:
