@@ -223,3 +223,21 @@ def test_flops_are_six_per_matmul_parameter_and_token_plus_attention():
     matmul_params = m.layers * (2 * h * (h + kv) + 3 * h * i) + h * m.vocab_size  # the LM head's too
     per_token = flops.per_sample(run)["flops_per_sample"] / s
     assert per_token == 6 * matmul_params + 12 * s * h * m.layers
+
+
+def test_a_block_off_its_models_device_takes_a_copy_of_the_rotary_there_once():
+    """A slot's block on a device the model's rotary is not on gets the rotary's frequencies there once, not a
+    blocking copy from the host at every micro-batch (issue 63, item 7); on the rotary's own device, the rotary."""
+    from suite.harness.families.llama import rotary_on
+    from suite.harness.model import build_model
+
+    model = build_model(ModelConfig(preset="llama-tiny"), 0)
+    rotary = model.layers[1].rotary  # layers: the embeddings, the blocks, the head
+    here = torch.zeros(1, 4, 8)
+    assert rotary_on(rotary, here) is rotary
+    there = torch.zeros(1, 4, 8, device="meta")  # a device the model is not on (a GPU's slot, on a GPU)
+    copy = rotary_on(rotary, there)
+    assert copy is not rotary and copy.inv_freq.device == there.device and rotary.inv_freq.device == here.device
+    assert rotary_on(model.layers[2].rotary, there) is copy  # one copy a device, whichever block asks
+    cos, sin = copy(there, torch.arange(4, device="meta")[None])
+    assert cos.device == there.device and cos.shape == (1, 4, rotary.inv_freq.numel() * 2)

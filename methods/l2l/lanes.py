@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 import weakref
 
 import torch
@@ -59,9 +60,22 @@ def _register(buf: torch.Tensor, ptr: int, size: int) -> None:
     weakref.finalize(buf, _unregister, ptr)  # before its memory can be freed: the buffer still holds it
 
 
+CUDA_SUCCESS, CUDART_UNLOADING = 0, 4  # cudaError_t: the runtime already unloading at the interpreter's exit
+
+
 def _unregister(ptr: int) -> None:
-    with contextlib.suppress(Exception):  # at the interpreter's exit CUDA may be gone already
-        torch.cuda.cudart().cudaHostUnregister(ptr)
+    """Unregister pinned pages. cudaHostUnregister reports a failure by its return code, which no `except` sees: a
+    code other than success (or the runtime unloading at exit) is said, once per code, never ignored."""
+    try:
+        code = int(torch.cuda.cudart().cudaHostUnregister(ptr))
+    except Exception:  # noqa: BLE001 — at the interpreter's exit CUDA may be gone already
+        return
+    if code not in (CUDA_SUCCESS, CUDART_UNLOADING) and code not in _said:
+        _said.add(code)
+        warnings.warn(f"cudaHostUnregister of a pinned host buffer failed with cudaError {code}", stacklevel=2)
+
+
+_said: set[int] = set()
 
 
 class Lanes:

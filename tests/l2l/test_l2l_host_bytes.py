@@ -142,3 +142,20 @@ def test_a_gated_commit_unscales_by_the_scale_of_its_own_backward():
         server.commit(i, 0, scaler)
         want = server.landing_for(i).float() / made
         assert torch.equal(torch.cat([g.reshape(-1) for g in seen[i]]), want), i
+
+
+def test_an_unregister_that_fails_says_so_by_its_code(monkeypatch):
+    """cudaHostUnregister returns its error as a code, which no `except` catches: a failure is said (once a code),
+    success and the runtime's unloading at exit are not (issue 63, item 7)."""
+    import warnings
+
+    from methods.l2l import lanes
+
+    codes = iter([0, 4, 1, 1])
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: type("R", (), {"cudaHostUnregister": lambda _, p: next(codes)})())
+    monkeypatch.setattr(lanes, "_said", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            lanes._unregister(1234)
+    assert [str(w.message) for w in said] == ["cudaHostUnregister of a pinned host buffer failed with cudaError 1"]

@@ -4,9 +4,13 @@ positions, untied input and output embeddings, no dropout."""
 
 from __future__ import annotations
 
+import copy
+import weakref
+
 import torch
 from torch import nn
 
+from suite.harness.device import is_fake
 from suite.harness.families.gpt2 import causal_mask
 from suite.harness.families.lm import chunk_for, chunked_lm_loss, lm_loss
 
@@ -27,8 +31,8 @@ class LlamaEmbed(nn.Module):
 
 class LlamaBlock(nn.Module):
     """One decoder layer, with the model's rotary embedding beside it (not a submodule: it has no parameters, and
-    a device slot or a pipeline stage holding the block must not own, convert or move it; its forward brings its
-    inverse frequencies to the hidden states' device in FP32)."""
+    a device slot or a pipeline stage holding the block must not own, convert or move it; its forward takes a copy of
+    it on the hidden states' device, made once: rotary_on)."""
 
     def __init__(self, layer, rotary):
         super().__init__()
@@ -40,9 +44,25 @@ class LlamaBlock(nn.Module):
         key = ("rope", x.dtype, x.device)
         if key not in scratch:
             positions = torch.arange(x.shape[1], device=x.device)[None]
-            scratch[key] = (positions, self.rotary(x, positions))
+            scratch[key] = (positions, rotary_on(self.rotary, x)(x, positions))
         positions, cos_sin = scratch[key]
         return self.layer(x, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin)
+
+
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model's rotary -> {device: its copy there}
+
+
+def rotary_on(rotary: nn.Module, x: torch.Tensor) -> nn.Module:
+    """The rotary embedding with its inverse frequencies on `x`'s device. Where a relay's slot or a pipeline stage
+    holds the block on a device the model's own rotary is not on (it stays on the host), Hugging Face's forward would
+    copy them there at every call, a blocking host-to-device copy each micro-batch: a copy of the rotary made once a
+    device instead (Llama 3's frequencies are fixed once built). A counted step's fake tensors use it as it is."""
+    if rotary.inv_freq.device == x.device or is_fake(x):
+        return rotary
+    copies = _COPIES.setdefault(rotary, {})
+    if x.device not in copies:
+        copies[x.device] = copy.deepcopy(rotary).to(x.device)
+    return copies[x.device]
 
 
 class LlamaHead(nn.Module):
