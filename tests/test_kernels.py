@@ -12,13 +12,14 @@ import torch
 import torch.utils.checkpoint
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from suite.config.run import RunConfig  # noqa: E402
 from suite.core.cell import execute  # noqa: E402
 from suite.harness import rng  # noqa: E402
 from suite.harness.kernels import interpreted  # noqa: E402
-from suite.harness.kernels.attention import _at, keyed_attention, tiles_note  # noqa: E402
+from suite.harness.kernels.attention import _at, _keys_to, _queries_from, keyed_attention, tiles_note  # noqa: E402
 from suite.harness.model import _keyed_attention  # noqa: E402
 
 # The interpreter reads a runtime loop bound through int() of a one-element array, which numpy deprecates.
@@ -300,3 +301,48 @@ def test_every_base_address_is_64_bit():
 
 
 _PRODUCT = re.compile(r"\b(?:b|h|g|bh|bg) \* s[a-z]{2,3}\b")  # an index times a stride, outside _at
+
+
+@pytest.mark.parametrize("sq,sk", [(40, 40), (24, 40), (40, 24)])
+def test_causal_attention_stops_at_the_diagonal_with_the_masks_bits(sq, sk):
+    """`causal` walks the key tiles up to each query tile's diagonal and the query tiles from each key tile's (issue
+    63, item 7: half the tiles at SQ = SK); the tiles it skips are wholly masked, so its output and every gradient
+    are, bit for bit, those of the same causal mask given as a tensor, which walks them all. Grouped queries, three
+    16 x 16 tiles each way (interpreted), dropout on; where some query sees no key (SK < SQ) it walks every tile."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, sq, 16, generator=gen).to(DEVICE, torch.float16)
+    k, v = (torch.randn(2, 2, sk, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
+    grad = torch.randn(2, sq, 4, 16, generator=gen).to(DEVICE, torch.float16)  # the output's layout: (B, S, H, D)
+    mask = (torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq))[None, None].to(DEVICE)
+    key = (1, 2, 0, 2**30, 1.0)
+    got = []
+    for m, causal in ((None, True), (mask.expand(2, 1, sq, sk), False)):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = keyed_attention(*leaves, m, 0.25, 0.1, key, causal)
+        out.backward(grad)
+        got.append([out.detach(), *(t.grad for t in leaves)])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *got):
+        assert torch.equal(a, b), name
+
+
+@triton.jit
+def _walk_bounds(OUT, SQ, SK, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    tl.store(OUT + 2 * pid, _keys_to(pid, SQ, SK, CAUSAL, BLOCK_M))
+    tl.store(OUT + 2 * pid + 1, _queries_from(pid, SQ, SK, CAUSAL, BLOCK_M, BLOCK_N))
+
+
+@pytest.mark.parametrize(
+    "sq,sk,causal,walks",
+    [
+        (40, 40, True, [(16, 0), (32, 16), (40, 32)]),  # each tile to its diagonal: half the work
+        (24, 40, True, [(32, 0), (40, 0), (40, 16)]),  # the later keys of a shorter query block
+        (40, 24, True, [(24, 0), (24, 0), (24, 0)]),  # a query that sees no key: every tile
+        (40, 40, False, [(40, 0), (40, 0), (40, 0)]),
+    ],
+)
+def test_the_causal_walk_ends_at_each_tiles_diagonal(sq, sk, causal, walks):
+    """Where a query tile's walk over the keys ends, and a key tile's over the queries starts (16 x 16 tiles)."""
+    out = torch.full((6,), -1, dtype=torch.int32, device=DEVICE)
+    _walk_bounds[(3,)](out, sq, sk, CAUSAL=causal, BLOCK_M=16, BLOCK_N=16)
+    assert [tuple(out[2 * i : 2 * i + 2].tolist()) for i in range(3)] == walks

@@ -71,6 +71,30 @@ def _keep(sw, h, offs_m, offs_n, SQ, SK, k1, threshold):
     return kept(sw, element, k1, threshold)
 
 
+@triton.jit
+def _keys_to(pid, SQ, SK, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Where a query tile's walk over the keys may stop: under CAUSAL, past the last key its last query attends
+    (the tiles beyond are wholly masked, so they add exact zeros: the same bits, half the work at SQ = SK); every key
+    where a query may attend none (SK < SQ: such a row's uniform distribution needs every key)."""
+    end = SK
+    if CAUSAL:
+        if SK >= SQ:
+            end = tl.minimum(SK, (pid + 1) * BLOCK_M + SK - SQ)
+    return end
+
+
+@triton.jit
+def _queries_from(pid, SQ, SK, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where a key tile's walk over the queries may start: under CAUSAL, at the query tile of the first query that
+    attends its first key (the tiles before see none of its keys: exact zeros), aligned to the tiles a full walk
+    takes, so the sums run in the same order; from the first query where a query may attend no key (SK < SQ)."""
+    start = 0
+    if CAUSAL:
+        if SK >= SQ:
+            start = (tl.maximum(pid * BLOCK_N - (SK - SQ), 0) // BLOCK_M) * BLOCK_M
+    return start
+
+
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _forward(Q, K, V, OUT, ROWMAX, ROWSUM, MASK,
              sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
@@ -95,7 +119,7 @@ def _forward(Q, K, V, OUT, ROWMAX, ROWSUM, MASK,
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(0, SK, BLOCK_N):
+    for start in range(0, _keys_to(pid, SQ, SK, CAUSAL, BLOCK_M), BLOCK_N):
         offs_n = start + offs_n0
         in_n = offs_n < SK
         k = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=in_n[None, :] & in_d[:, None],
@@ -165,7 +189,7 @@ def _backward_kv(Q, K, V, DO, DK, DV, ROWMAX, ROWSUM, DELTA, MASK,
         h = g * GROUP + j
         bh = b * H + h
         mask_ptr = MASK + _at(b, h, smb, smh)
-        for start in range(0, SQ, BLOCK_M):
+        for start in range(_queries_from(pid, SQ, SK, CAUSAL, BLOCK_M, BLOCK_N), SQ, BLOCK_M):
             offs_m = start + offs_m0
             in_m = offs_m < SQ
             q = tl.load(Q + _at(b, h, sqb, sqh) + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
@@ -226,7 +250,7 @@ def _backward_q(Q, K, V, DO, DQ, ROWMAX, ROWSUM, DELTA, MASK,
     mask_ptr = MASK + _at(b, h, smb, smh)
     sw = sample_word((b + offset).to(tl.uint32), k0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(0, SK, BLOCK_N):
+    for start in range(0, _keys_to(pid, SQ, SK, CAUSAL, BLOCK_M), BLOCK_N):
         offs_n = start + offs_n0
         in_n = offs_n < SK
         kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=in_n[None, :] & in_d[:, None],
@@ -256,15 +280,17 @@ def _configs(pairs) -> list:
     return [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in pairs]
 
 
-# On a GPU the tiles are tuned once per (shape, mask, dropout, dtype) among a few configurations, the timings kept
-# in Triton's disk cache (so a fresh process of the same cell does not tune again). SUITE_TRITON_TUNE=0 takes the
-# first configuration of each instead (the record's harness says so). Interpreted: 16 x 16 tiles, so that tiny test
-# shapes cross several of them.
+# On a GPU the tiles are tuned once per (shape, group, mask, causal, dropout, dtype) among a few configurations, the
+# timings kept in Triton's disk cache (so a fresh process of the same cell does not tune again). SUITE_TRITON_TUNE=0
+# takes the first configuration of each instead (the record's harness says so). Interpreted: 16 x 16 tiles, so that
+# tiny test shapes cross several of them.
 FORWARD_TILES = [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
 KV_TILES = [(64, 64, 4, 2), (32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3)]
 Q_TILES = [(64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3)]
 TUNED = not interpreted() and os.environ.get("SUITE_TRITON_TUNE", "1") != "0"
-TUNE_KEY = ["SQ", "SK", "D", "HAS_MASK", "DROPOUT"]
+# (Triton adds every tensor argument's dtype to the key; causal walks half the tiles and a group changes the work of
+# a key tile: both keyed)
+TUNE_KEY = ["SQ", "SK", "D", "GROUP", "HAS_MASK", "CAUSAL", "DROPOUT"]
 if TUNED:
     _forward = triton.autotune(_configs(FORWARD_TILES), TUNE_KEY, cache_results=True)(_forward)
     _backward_kv = triton.autotune(_configs(KV_TILES), TUNE_KEY, cache_results=True)(_backward_kv)
