@@ -51,6 +51,8 @@ EXPERIMENT = ProjectingExperiment(
         Metric("d2h_s", "downloads (s)", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("host_s", "host (s)", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("tail_s", "in series (s)", "{:.3g}", ratio=False, paper=False, brief=False),
+        Metric("elementwise_s", "of compute: non-matmul kernels (s)", "{:.3g}", ratio=False, paper=False, brief=False),
+        Metric("host_ns_for_compute", "host update to keep up (ns a parameter)", "{:.3g}", ratio=False, paper=False),
         Metric("reference", "measured (tokens/s)", "{:.0f}", ratio=False, paper=False),
         Metric("error", "error", "{:+.1%}", ratio=False, paper=False),
     ],
@@ -64,11 +66,15 @@ EXPERIMENT = ProjectingExperiment(
     notes=(
         "Projected, nothing measured: the section's machine is the one that made the projection, not the GPU it "
         "projects (the `machine` column). Each row's step from what it computes (the step's hardware FLOPs, recompute "
-        "included, at the GEMM rate), moves over PCIe each way and streams through host memory, each at the "
+        "and the chunked LM head's logits made again included, at the GEMM rate; the kernels that are not matmuls by "
+        "the bytes they move, at the device memory's rate: a floor), moves over PCIe each way and streams through host "
+        "memory (L2L's update at the host's update rate a parameter), each at the "
         "machine's rate; the busiest resource is the `limit`, and `in series` what cannot overlap it (L2L: the "
         "embeddings' and first block's updates after the backward and the first upload; FSDP2's offload: its host "
         "optimizer after the backward; AMP: its optimizer on the device). `measured` is that GPU's decoder-8b record "
-        "of the row where a loan has made one, `error` the projection against it. MFU is the suite's one definition "
+        "of the row where a loan has made one, `error` the projection against it. `host update to keep up` is the rate "
+        "a parameter at which L2L's host would take exactly the compute's time: a host slower than it bounds the step. "
+        "MFU is the suite's one definition "
         "(suite/measure/flops.py: model FLOPs, matmuls only, no recompute, over the dense peak of the precision), the "
         "same as every measured row's; TFLOPS (6N) is the offloading papers' 6 x parameters x tokens a second, which "
         "counts the embeddings and no attention: the two differ, and neither is the other over the peak. Rates, per "
@@ -142,6 +148,8 @@ def roofline_cell(run, device, cap, index: Index | None = None) -> dict:
         "d2h_s": out.d2h_s,
         "host_s": out.host_s,
         "tail_s": out.tail_s,
+        "elementwise_s": out.elementwise_s,
+        "host_ns_for_compute": out.host_ns_for_compute,
         "bound": out.bound,
         "device_spec": spec.name,
         "assumptions": spec.sources,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from suite.harness.families.lm import chunk_for
 from suite.measure import machines
 from suite.measure.flops import per_sample
 
@@ -45,6 +46,7 @@ class Machine:
     host_gbps: float  # the host memory's streaming bandwidth at all cores (a triad's)
     device_gbps: float  # the device memory's
     sources: dict[str, str] = field(default_factory=dict)
+    host_update_ns: float = 0.28  # L2L's host AdamW a parameter, every pass of it (LAMB: its bytes' share more)
 
 
 def machine(kind: machines.Kind) -> Machine:
@@ -60,10 +62,12 @@ def machine(kind: machines.Kind) -> Machine:
         d2h_gbps=kind.rate("d2h_gbps"),
         host_gbps=kind.rate("host_gbps"),
         device_gbps=kind.rate("device_gbps"),
+        host_update_ns=kind.rate("host_update_ns"),
         sources={
             "gemm": f"{r['gemm_tflops'].source}; attention {r['attention_tflops'].source}",
             "link": r["h2d_gbps"].source,
             "host": r["host_gbps"].source,
+            "update": r["host_update_ns"].source,
             "device": r["device_gbps"].source,
         },
     )
@@ -88,6 +92,8 @@ class Roofline:
     parameters: int
     h2d_bytes: int  # over PCIe a step, up
     d2h_bytes: int  # and down
+    elementwise_s: float = 0.0  # of compute_s: the kernels that are not matmuls, at the device memory's rate
+    host_ns_for_compute: float | None = None  # the host update a parameter at which the host takes compute's time
 
     @property
     def pcie_bytes(self) -> int:
@@ -129,10 +135,11 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
     # recompute's), at its own rate; the rest are matmuls
     forwards = 4 if flops["hardware_flops_per_sample"] > flops["flops_per_sample"] else 3
     attention = samples * m.layers * 4 * run.seq_len**2 * m.hidden * forwards
-    matmuls = samples * flops["hardware_flops_per_sample"] - attention
-    compute = matmuls / (spec.gemm_tflops * 1e12) + attention / (spec.attention_tflops * 1e12)
-    h2d_bps, d2h_bps, host_bps = spec.h2d_gbps * 1e9, spec.d2h_gbps * 1e9, spec.host_gbps * 1e9
+    matmuls = samples * flops["hardware_flops_per_sample"] - attention + samples * head_recompute_flops(run)
     w = WIRE[run.precision]
+    elementwise = samples * run.seq_len * elementwise_bytes(run, forwards) / (spec.device_gbps * 1e9)
+    compute = matmuls / (spec.gemm_tflops * 1e12) + attention / (spec.attention_tflops * 1e12) + elementwise
+    h2d_bps, d2h_bps, host_bps = spec.h2d_gbps * 1e9, spec.d2h_gbps * 1e9, spec.host_gbps * 1e9
     if run.method in ("l2l", "l2l-cmp"):
         if opts["overlap"] != "on":
             raise ValueError(f"{run.method}: the roofline models overlap=on (the host updates during the backward)")
@@ -140,13 +147,18 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         again = sum(blocks[: max(len(blocks) - slots, 0)])  # blocks below the top slots: uploaded again
         stash = samples * run.seq_len * m.hidden * w * len(blocks) if opts["stash"] == "cpu" else 0
         up, down = (n + again) * w + stash, n * w + stash
-        per_param = HOST_UPDATE[run.optimizer]
-        host = (n * per_param + up + down) / host_bps  # the update, and the copy engines reading and writing the host
+        # the update a parameter at its rate (AdamW's; LAMB's in proportion to the bytes it streams), and the copy
+        # engines reading and writing host memory
+        update = spec.host_update_ns * 1e-9 * HOST_UPDATE[run.optimizer] / HOST_UPDATE["adamw"]
+        copies = (up + down) / host_bps
+        host = n * update + copies
         first = sizes[0] + sizes[1]  # the embeddings and the first block land last; the next forward needs them first
-        tail = first * per_param / host_bps + sizes[0] * w / h2d_bps
+        # after the backward, in series: the embeddings' gradient down, the two layers' updates, the first upload
+        tail = sizes[0] * w / d2h_bps + first * update + sizes[0] * w / h2d_bps
         busy = {"compute": compute, "upload": up / h2d_bps, "download": down / d2h_bps, "host": host}
         overlapped = busy
         step = max(busy.values()) + tail
+        host_ns_for_compute = max(compute - copies, 0.0) / n * 1e9 * HOST_UPDATE["adamw"] / HOST_UPDATE[run.optimizer]
     elif run.method == "fsdp-offload":
         gathers = 2 * run.num_micro_batches if opts["reshard"] == "on" else run.num_micro_batches
         up, down = gathers * n * 4, n * 4  # FP32 shards up at every gather, FP32 gradients down once
@@ -163,6 +175,8 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         step = compute + tail
     else:
         raise ValueError(f"no roofline for method {run.method!r}: one of l2l, l2l-cmp, fsdp-offload, amp, ag")
+    if run.method not in ("l2l", "l2l-cmp"):
+        host_ns_for_compute = None
     return Roofline(
         step_s=step,
         tokens=samples * run.seq_len,
@@ -176,4 +190,32 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         parameters=n,
         h2d_bytes=up,
         d2h_bytes=down,
+        elementwise_s=elementwise,
+        host_ns_for_compute=host_ns_for_compute,
     )
+
+
+# Bytes a token moves through device memory in a block's kernels that are not matmuls, per forward (their inputs
+# read, outputs written, at the compute precision): two RMSNorms (2 H each), RoPE on the queries and keys (2 (H + K)),
+# SwiGLU's activation (gate and up read, their product written: 3 I), two residual adds (3 H each); a backward moves
+# about twice a forward's. A floor: eager kernels reach part of the memory's rate, and casts are left out.
+def elementwise_bytes(run, forwards: int) -> float:
+    """Bytes a token moves in the step's non-matmul kernels: every block's (see above) over `forwards` forwards'
+    worth (3, 4 with recompute), and the head's cross-entropy over its logits (FP32: read, and the gradient written,
+    in the forward and backward; the logits made again where the loss is chunked)."""
+    m = run.model.resolved()
+    w = WIRE[run.precision]
+    kv = m.kv_heads * (m.hidden // m.heads) if m.kv_heads else m.hidden
+    block = (12 * m.hidden + 2 * kv + 3 * m.intermediate) * w * forwards
+    chunked = chunk_for(run.seq_len * run.micro_batch_size, m.vocab_size, m.loss_chunk) if m.family == "llama" else 0
+    head = m.vocab_size * 4 * (3 + (1 if chunked else 0))
+    return m.layers * block + head
+
+
+def head_recompute_flops(run) -> float:
+    """FLOPs a sample's LM head spends again where its loss is made a chunk of tokens at a time (the chunks' logits
+    are made again in the backward: chunked_lm_loss checkpoints them): one more forward of the head's matmul."""
+    m = run.model.resolved()
+    if m.family != "llama" or not chunk_for(run.seq_len * run.micro_batch_size, m.vocab_size, m.loss_chunk):
+        return 0.0
+    return 2 * run.seq_len * m.hidden * m.vocab_size

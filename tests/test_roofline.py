@@ -114,3 +114,54 @@ def test_l2l_copies_each_step_the_bytes_its_roofline_counts(options):
     timeline = method.timeline()
     counted = roofline.project(run, SLOW)
     assert (timeline["h2d_bytes"], timeline["d2h_bytes"]) == (counted.h2d_bytes, counted.d2h_bytes)
+
+
+def test_the_step_counts_its_non_matmul_kernels_its_heads_recompute_and_every_download():
+    """Issue 63, item 6: the kernels that are not matmuls at the device memory's rate, the chunked LM head's logits
+    made again, and the embeddings' gradient download after the backward, in series."""
+    run = _run("l2l-cmp", options=L2L)
+    spec = roofline.Machine("t", "H100", 1.0, 1.0, 1e3, 1e3, 1e3, 1.0)  # a slow device memory: its kernels show
+    out = roofline.project(run, spec)
+    tokens = run.batch_size * run.seq_len
+    assert out.elementwise_s == pytest.approx(tokens * roofline.elementwise_bytes(run, 4) / 1e9)
+    assert out.compute_s > out.elementwise_s > 0
+    import dataclasses
+
+    chunked_run = dataclasses.replace(run, model=ModelConfig(preset="llama-tiny", layers=4, loss_chunk=8))
+    assert roofline.head_recompute_flops(run) == 0 and roofline.head_recompute_flops(chunked_run) > 0
+    chunked = roofline.project(chunked_run, spec)
+    extra = run.batch_size * roofline.head_recompute_flops(chunked_run) / 1e12  # at the GEMM rate, 1 TFLOPS
+    more = tokens * (roofline.elementwise_bytes(chunked_run, 4) - roofline.elementwise_bytes(run, 4)) / 1e9
+    assert chunked.compute_s == pytest.approx(out.compute_s + extra + more)
+    sizes = roofline.layer_sizes(run)
+    fast = roofline.Machine("t", "H100", 1e3, 1e3, 1.0, 2.0, 1e3, 1e3, host_update_ns=0.0)
+    tail = roofline.project(run, fast).tail_s
+    assert tail == pytest.approx(sizes[0] * 2 / 2e9 + sizes[0] * 2 / 1e9)  # its gradient down, its weights up
+
+
+def test_the_host_update_takes_its_measured_rate_and_names_the_rate_that_keeps_up():
+    """The host's update a parameter at the machine's rate (a lent host's bench-link measures it); the rate at
+    which the host would take exactly the compute's time is given beside, the bound a host must beat."""
+    run = _run("l2l-cmp", options=L2L)
+    slow = roofline.Machine("t", "H100", 1e-3, 1e-3, 1e3, 1e3, 1e3, 1e3, host_update_ns=50.0)
+    out = roofline.project(run, slow)
+    copies = out.pcie_bytes / 1e12
+    assert out.host_s == pytest.approx(out.parameters * 50e-9 + copies)
+    keeps_up = roofline.Machine("t", "H100", 1e-3, 1e-3, 1e3, 1e3, 1e3, 1e3, host_update_ns=out.host_ns_for_compute)
+    even = roofline.project(run, keeps_up)
+    assert even.host_s == pytest.approx(even.compute_s)
+    assert roofline.project(_run("amp"), slow).host_ns_for_compute is None
+
+
+def test_no_projection_on_the_roofline_page_is_above_what_its_terms_allow():
+    """Each committed decoder-8b-roofline row's step is at least each resource's time it names (issue 63)."""
+    from pathlib import Path
+
+    from suite.records.index import Index
+
+    index = Index(Path(__file__).resolve().parent.parent / "results")
+    rows = [r["metrics"] for r in index.records() if r["experiment"] == "decoder-8b-roofline" and r["status"] == "ok"]
+    assert rows
+    for m in rows:
+        assert m["step_time"] >= max(m["compute_s"], m["h2d_s"], m["d2h_s"], m["host_s"]) * (1 - 1e-9), m
+        assert m["step_time"] >= m.get("elementwise_s", 0.0)

@@ -41,6 +41,11 @@ class Kind:
 
 _GEN5 = "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction"
 _HOST16 = "assumed: 100 GB/s streaming at 16 cores (a server's is 75-150)"
+_UPDATE16 = (
+    "assumed: AdamW's 28 bytes a parameter in one pass at the assumed host bandwidth; bench-link measures L2L's own "
+    "update on a lent host (the one measurement so far, the H200's L2L microbenchmark outside the records, was far "
+    "slower: results/campaign/h200-140gb/bench.json)"
+)
 _H100_PEAKS = {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}
 H100 = Kind(
     "h100",
@@ -54,6 +59,7 @@ H100 = Kind(
         "h2d_gbps": Figure(50.0, _GEN5),
         "d2h_gbps": Figure(50.0, _GEN5),
         "host_gbps": Figure(100.0, _HOST16),
+        "host_update_ns": Figure(0.28, _UPDATE16),
         "device_gbps": Figure(3000.0, "assumed: 3.0 TB/s of the HBM3's 3.35"),
         "gemm_tflops": Figure(
             600.0,
@@ -165,6 +171,7 @@ BENCH_RATES = {
     "h2d_gbps": "h2d_gbps",
     "d2h_gbps": "d2h_gbps",
     "triad_gbps": "host_gbps",
+    "host_ns_per_param": "host_update_ns",  # L2L's windowed host AdamW at a block, every pass of it
 }
 
 
