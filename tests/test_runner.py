@@ -209,3 +209,35 @@ def test_a_cell_whose_count_needs_more_host_than_this_one_has_is_recorded_oom_wi
         assert "past the host, not run" in outcome["metrics"]["memory_kind"]
     monkeypatch.setattr(runner.host, "ram_bytes", lambda: runner.HOST_RESERVE + 2**40)
     assert runner.counted_past_cap(cells, None, lambda m: None) == {}
+
+
+def test_a_call_that_measures_nothing_logs_no_table_whatever_the_clock_says(tmp_path, monkeypatch):
+    """What a call measured is what it saved anew, never what the clock says: a record finished in the very second a
+    second call starts (a fast machine) was taken for that call's, and its sweep's table logged again (issue 62's
+    run at HEAD). Here the record's clock says 'later' outright: reused as it stands, it logs no table."""
+    from suite.core import launcher
+    from suite.measure.provenance import code_digest
+    from suite.measure.step import METHODOLOGY_VERSION
+
+    monkeypatch.setenv("SUITE_MACHINE", "m")
+    prov = {"methodology": METHODOLOGY_VERSION, "code": code_digest(), "commit": "c" * 40}
+    monkeypatch.setattr(
+        launcher,
+        "run_cell",
+        lambda cell, timeout=None: {
+            "status": "ok",
+            "metrics": {"throughput": 10.0, "memory_gb": 1.0},
+            "provenance": prov,
+        },
+    )
+    logged = []
+    monkeypatch.setattr(tracking, "log_table", lambda **kw: logged.append(kw["config"]["sweep"]))
+    exp = make_experiment([Row("ok", "grad_accum", labels={"precision": "FP32"})])
+    req = SweepRequest(exp, profile="tiny", results_dir=tmp_path, wandb_mode="off", rounds=1)
+    (first,) = sweep(req, progress=lambda m: None)
+    assert logged == [first["sweep"]]
+    path = store.run_path(tmp_path, first["key"], "m")
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "finished": "2999-01-01T00:00:00+00:00"}))  # finished 'after' any start
+    (again,) = sweep(req, progress=lambda m: None)
+    assert again["sweep"] == first["sweep"] and logged == [first["sweep"]]  # reused: no second table

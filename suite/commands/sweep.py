@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
+import json
 from pathlib import Path
 
 from suite.config import paths
@@ -13,6 +13,7 @@ from suite.core.request import SweepRequest
 from suite.core.runner import run_cells
 from suite.measure.contention import contended
 from suite.records import tracking
+from suite.records.index import open_index
 from suite.records.schema import Record
 from suite.report import tables
 
@@ -20,7 +21,7 @@ from suite.report import tables
 def sweep(req: SweepRequest, progress=print) -> list[Record]:
     """Run (or reuse) every cell `req` asks for, write its records, tables, figure and W&B runs; returns the records.
     Across nodes, node 0 does all of that; the others run their share of its multi-rank cells and return []."""
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # as records stamp `finished`
+    before = _as_they_stand(req)  # what this call finds: a record it leaves as it was is not fresh
     pairs = run_cells(req, progress, twins=lambda due: twins_first(req, due, progress))
     if req.follower:
         return []  # node 0 writes the tables
@@ -38,7 +39,9 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
             f"contended (the machine was busy while they were timed; their ratios are not shown): "
             f"{', '.join(busy)}; on an idle machine: {rerun}"
         )
-    fresh = [r for r in records if r.get("sweep") and str(r.get("finished", "")) >= started]
+    # what this call measured or saved anew (never by the clock: a record finished in the second this call started
+    # is not this call's; a second sweep at once reused it and logged its table again)
+    fresh = [r for r in records if r.get("sweep") and _stamp(r) not in before]
     if line := tracking.said(req.wandb_mode, req.results_dir, sum(bool(r.get("wandb_dir")) for r in fresh)):
         progress(line)
     if not fresh:  # nothing measured by this call: its table run would repeat the sweep's own
@@ -65,6 +68,16 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records
+
+
+def _stamp(record: Record) -> str:
+    return json.dumps(record, sort_keys=True, default=str)
+
+
+def _as_they_stand(req: SweepRequest) -> set[str]:
+    """The experiment's records in the results folder before a call, each as a stamp of its whole content."""
+    index = open_index(req.results_dir)
+    return {_stamp(r) for r in index.records(warn=lambda _: None) if r.get("experiment") == req.experiment.name}
 
 
 def twins_first(req: SweepRequest, due: dict[str, list[str]], progress=print) -> None:
