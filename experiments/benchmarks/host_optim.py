@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import statistics
 import time
 
@@ -81,11 +82,49 @@ def candidates(layers, deepspeed: bool = True) -> dict[str, tuple[str, object]]:
 
         return make
 
+    def cmp_commit():
+        """L2L-CMP's whole host commit of a landed 16-bit gradient, as the param server runs it applied as it lands
+        (methods/l2l/param_server.step_windows): each 4 MiB window widened, stepped by the suite's fused AdamW, its
+        16-bit copy refreshed; on copies of the weights, each layer's masters one flat buffer as the server's."""
+
+        def make():
+            from methods.l2l.param_server import WINDOW, cut_windows, step_windows
+
+            run = RunConfig(optimizer="adamw", lr=1e-4, weight_decay=0.01).validate()
+            named = [[(n, torch.nn.Parameter(p.detach().clone())) for n, p in row] for row in layers]
+            flats, wires, landings, windows = [], [], [], []
+            for row in named:
+                params = [p for _, p in row]
+                flat = torch.cat([p.detach().flatten() for p in params])
+                at = 0
+                for p in params:
+                    p.data = flat[at : at + p.numel()].view_as(p)
+                    at += p.numel()
+                flats.append(flat)
+                wires.append(flat.to(torch.bfloat16))
+                landings.append(torch.empty(flat.numel()).normal_(0, 1e-3).to(torch.bfloat16))
+                windows.append(cut_windows(params, WINDOW))
+            opt = LayerwiseOptimizer(named, run, impl="fused", host=True)
+            scratch = torch.empty(min(WINDOW, max(f.numel() for f in flats)))
+            count = itertools.count(1)
+
+            def step():
+                k = next(count)
+                for i in range(len(named)):
+                    step_windows(opt, i, k, windows[i], landings[i], flats[i], wires[i], scratch)
+
+            return step
+
+        return make
+
     out = {
         "suite LAMB, fused (L2L's host)": ("lamb", suite("lamb", "fused")),
         "suite LAMB, foreach (before)": ("lamb", suite("lamb", "foreach")),
         "suite AdamW, fused (L2L's host)": ("adamw", suite("adamw", "fused")),
         "suite AdamW, foreach (before)": ("adamw", suite("adamw", "foreach")),
+        # the same AdamW with a 16-bit gradient in and a 16-bit copy out (28 bytes a parameter too: 2 bytes less read
+        # of the gradient, 2 more written of the copy), as L2L-CMP's host commits a layer
+        "suite AdamW, fused, CMP commit (bf16 in and out)": ("adamw", cmp_commit()),
         "torch AdamW, fused": ("adamw", torch_adamw(fused=True)),
         "torch AdamW, foreach": ("adamw", torch_adamw(foreach=True)),
     }
