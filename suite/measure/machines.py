@@ -39,6 +39,11 @@ class Kind:
         return self.rates[name].value
 
 
+def _link(gbps: float, source: str) -> dict[str, Figure]:
+    """A link's rate, the same each way."""
+    return {"h2d_gbps": Figure(gbps, source), "d2h_gbps": Figure(gbps, source)}
+
+
 _GEN5 = "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction"
 _HOST16 = "assumed: 100 GB/s streaming at 16 cores (a server's is 75-150)"
 _UPDATE16 = (
@@ -56,8 +61,7 @@ H100 = Kind(
     slug="h100-",
     host_gib=126,  # what the lent machines' environment reports give (results/campaign/<machine>/environment.json)
     rates={
-        "h2d_gbps": Figure(50.0, _GEN5),
-        "d2h_gbps": Figure(50.0, _GEN5),
+        **_link(50.0, _GEN5),
         "host_gbps": Figure(100.0, _HOST16),
         "host_update_ns": Figure(0.28, _UPDATE16),
         "device_gbps": Figure(3000.0, "assumed: 3.0 TB/s of the HBM3's 3.35"),
@@ -102,8 +106,7 @@ KINDS: dict[str, Kind] = {
         host_gib=None,
         rates={
             **H100.rates,
-            "h2d_gbps": Figure(350.0, "assumed: NVLink-C2C, 350 GB/s effective of 450 per direction"),
-            "d2h_gbps": Figure(350.0, "assumed: NVLink-C2C, 350 GB/s effective of 450 per direction"),
+            **_link(350.0, "assumed: NVLink-C2C, 350 GB/s effective of 450 per direction"),
         },
     ),
     "h200": replace(
@@ -126,8 +129,7 @@ KINDS: dict[str, Kind] = {
         {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
         80,
         rates={
-            "h2d_gbps": Figure(25.0, "assumed: PCIe Gen4 x16, 25 GB/s effective of 31.5 per direction"),
-            "d2h_gbps": Figure(25.0, "assumed: PCIe Gen4 x16, 25 GB/s effective of 31.5 per direction"),
+            **_link(25.0, "assumed: PCIe Gen4 x16, 25 GB/s effective of 31.5 per direction"),
         },
     ),
     "v100": Kind(
@@ -137,8 +139,7 @@ KINDS: dict[str, Kind] = {
         {"fp32": 15.7, "fp16": 125.0},
         16,
         rates={
-            "h2d_gbps": Figure(11.0, "assumed: PCIe Gen3 x16, 11 GB/s effective of 15.75 per direction"),
-            "d2h_gbps": Figure(11.0, "assumed: PCIe Gen3 x16, 11 GB/s effective of 15.75 per direction"),
+            **_link(11.0, "assumed: PCIe Gen3 x16, 11 GB/s effective of 15.75 per direction"),
         },
     ),
 }

@@ -51,6 +51,8 @@ class Index:
         self._files: dict[Path, _File] | None = None
         self._saves = -1  # store.saves when the files were read: a save in this process reads them again
         self._rows: dict[tuple, list[Record]] = {}  # the readable records (current and kept) of each row, by row_key
+        self._by_row: dict[tuple, list[Record]] = {}  # the same by row_of (any machine, device, variant)
+        self._current: set[int] = set()  # id() of each current record (not a kept one)
         self._kinds: dict[str, machines.Kind] = {}  # machine(): each kind's, once a read
 
     # reading -----------------------------------------------------------------------------------------------------
@@ -74,30 +76,28 @@ class Index:
             runs = self.results_dir / "runs"
             paths = [*runs.glob("*.json"), *runs.glob("*/*.json"), *runs.glob(f"*/{store.EARLIER}/*.json")]
             self._files = {p: self._read(p) for p in sorted(paths)}
-            self._rows, self._kinds = {}, {}
-            for f in self._files.values():
+            self._rows, self._by_row, self._kinds, self._current = {}, {}, {}, set()
+            for path, f in self._files.items():
                 if f.record is not None:
                     self._rows.setdefault(row_key(f.record), []).append(f.record)
+                    self._by_row.setdefault(row_of(f.record), []).append(f.record)
+                    if path.parent.name != store.EARLIER:
+                        self._current.add(id(f.record))
         return self._files
-
-    def _of_row(self, experiment: str, row: str, profile: str) -> list[Record]:
-        """Every readable record (current and kept) of experiment/row at `profile`, any machine, device, variant."""
-        self.files  # noqa: B018 (read, or read again after a save)
-        return [r for key, recs in self._rows.items() if key[:3] == (experiment, row, profile) for r in recs]
 
     def _say(self, files: Iterable[_File], warn: Callable[[str], None]) -> None:
         for f in files:
             if f.warning:
                 store.once(warn, f.path, f.warning)
 
-    def _current(self) -> list[_File]:
+    def _current_files(self) -> list[_File]:
         return [f for f in self.files.values() if f.path.parent.name != store.EARLIER]
 
     # the questions -----------------------------------------------------------------------------------------------
 
     def records(self, warn: Callable[[str], None] = print) -> list[Record]:
         """Every readable current record, in the order of their files (a warning for each file that is not one)."""
-        files = self._current()
+        files = self._current_files()
         self._say(files, warn)
         return [f.record for f in files if f.record is not None]
 
@@ -118,7 +118,7 @@ class Index:
         """Other machines' records of cell `key` (a count's, which no machine's load or CPU decides)."""
         return [
             f.record
-            for f in self._current()
+            for f in self._current_files()
             if f.record is not None and f.path.name == f"{key}.json" and f.path.parent.name not in (machine, "runs")
         ]
 
@@ -146,11 +146,11 @@ class Index:
     ) -> Record | None:
         """The latest current record of experiment/row at `profile` on a machine whose slug starts with `machine` (a
         slug, or a kind's prefix: `h100-`) that `where` accepts; `order` ranks candidates (default: when finished)."""
-        current = {id(f.record) for f in self._current()}
+        self.files  # noqa: B018 (read, or read again after a save)
         found = [
             rec
-            for rec in self._of_row(experiment, row, profile)
-            if id(rec) in current and machine_of(rec).startswith(machine) and (where is None or where(rec))
+            for rec in self._by_row.get((experiment, row, profile), [])
+            if id(rec) in self._current and machine_of(rec).startswith(machine) and (where is None or where(rec))
         ]
         rank = order or (lambda r: str(r.get("finished") or ""))
         best = None
