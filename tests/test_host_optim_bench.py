@@ -87,7 +87,35 @@ def test_ratios_are_taken_round_by_round():
     rows = {r["name"]: r for r in host_optim.summarise(m)}
     lamb = rows["suite LAMB, fused (L2L's host)"]
     assert (lamb["ratio"], lamb["ratio_min"], lamb["ratio_max"]) == (2.0, 2.0, 2.0)
-    assert lamb["ns_per_param"] == 5.0 and lamb["target"] == 1.6 and rows["triad"]["ratio"] is None
+    assert lamb["ns_per_param"] == 5.0 and lamb["target"] == "<= 1.6x" and rows["triad"]["ratio"] is None
+    assert lamb["met"] is False and rows["torch AdamW, fused"]["met"] is None
+
+
+def test_the_cmp_commit_is_judged_against_torch_its_bound_and_its_idle_self_round_by_round():
+    # Two rounds, the machine twice as slow in round 2 for everyone. The one-pass commit takes 1.02x torch's fused
+    # AdamW, and the triad's rate gives a bound of 28/16 of the triad's time, so 1.02 / 1.75 of it; with one core
+    # busy it takes 1.5x its idle time: targets 1.05x and 1.3x met, 1.2x busy not.
+    ONE, BUSY = host_optim.ONE_PASS, host_optim.BUSY
+    times = {
+        "torch AdamW, fused": [1.0, 1.0, 2.0, 2.0],
+        "DeepSpeed CPU Adam (AdamW mode)": [0.9, 0.9, 1.8, 1.8],
+        **dict.fromkeys(host_optim.HEADLINE, [1.0, 1.0, 2.0, 2.0]),
+        ONE: [1.02, 1.02, 2.04, 2.04],
+        BUSY: [1.53, 1.53, 3.06, 3.06],
+        "triad": [1.0, 1.0, 2.0, 2.0],
+    }
+    kinds = {**dict.fromkeys(times, "adamw"), "triad": "triad"}
+    m = {"numel": 10**9, "rounds": 2, "times": host_optim.by_round(times, 2, 2), "kinds": kinds}
+    rows = {r["name"]: r for r in host_optim.summarise(m)}
+    one, busy = rows[ONE], rows[BUSY]
+    assert one["torch_ratio"] == pytest.approx([1.02, 1.02, 1.02])
+    assert one["ratio"] == pytest.approx(1.02 / 0.9)  # to the faster, DeepSpeed's, as every row
+    assert one["bound_ratio"] == pytest.approx([1.02 / 1.75] * 3) and one["met"] is True
+    assert busy["busy_ratio"] == pytest.approx([1.5, 1.5, 1.5]) and busy["met"] is False
+    metrics = host_optim.cell_metrics(list(rows.values()), {**m, "threads": 2, "fixed": {}}, "layer", None, True)
+    assert metrics["cmp_torch_ratio"] == pytest.approx(1.02) and metrics["cmp_busy_ratio"] == pytest.approx(1.5)
+    line = host_optim.candidate_line(busy)
+    assert line[6] == "1.50x (1.50..1.50)" and line[-2] == "**no**"
 
 
 def test_the_reference_is_chosen_once_not_round_by_round():

@@ -228,7 +228,7 @@ def test_two_checkouts_of_one_source_share_one_build(tmp_path, monkeypatch):
         src = tmp_path / checkout / "lamb.cpp"
         src.parent.mkdir()
         src.write_text("// kernel\n" + ("// edited\n" if checkout == "c" else ""))
-        monkeypatch.setattr(fused_lamb, "SOURCE", src)
+        monkeypatch.setattr(fused_lamb, "SOURCES", src.parent)
         fused_lamb.compiled.cache_clear()
         try:
             assert fused_lamb.kernel() is not None

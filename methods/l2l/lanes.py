@@ -109,11 +109,12 @@ class Lanes:
         """Make `stream` current for the enclosed work (no-op on CPU)."""
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
-    def record(self, stream=None):
-        """An event marking the work queued so far on `stream` (default: compute); None on CPU."""
+    def record(self, stream=None, blocking: bool = False):
+        """An event marking the work queued so far on `stream` (default: compute); None on CPU. A `blocking` one is
+        waited for by sleeping (cudaEventBlockingSync): a host thread that waits on it leaves its core to others."""
         if not self.cuda:
             return None
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=blocking)
         event.record(stream if stream is not None else self.compute)
         return event
 
@@ -166,7 +167,8 @@ class Shipment:
                     work.wait()  # NCCL: makes the current (copy) stream wait for the all-reduce
                 self.start = lanes.mark(lanes.d2h) if traced else None
                 copy_into(dst, src, non_blocking=True)
-                self.event = lanes.record(lanes.d2h)
+                # the host thread waits on it (host_wait) while the update's team needs every core but the launcher's
+                self.event = lanes.record(lanes.d2h, blocking=True)
                 self.end = lanes.mark(lanes.d2h) if traced else None
 
     def _complete(self) -> None:

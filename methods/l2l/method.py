@@ -89,7 +89,9 @@ class L2L(Method):
         pin = device.type == "cuda"
         overlap = self.opts["overlap"] == "on"
         ring = HostUpdater.ring(run, overlap) if self.opts["landing"] == "ring" else None
-        self.server = HostParamServer(model, run, self.dtype, pin, impl=self.opts["host_optim"], ring=ring)
+        self.server = HostParamServer(
+            model, run, self.dtype, pin, impl=self.opts["host_optim"], ring=ring, device_type=device.type
+        )
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         # Every step is traced (marks cost microseconds): the spans of the last one, for timeline()
         self.trace = trace if trace is not None else []

@@ -8,6 +8,7 @@ import time
 import torch
 
 from methods.l2l.lanes import host_buffer
+from suite.harness import host_commit
 from suite.harness.optim import WINDOW_ALIGN, LayerwiseOptimizer
 
 # Elements of the FP32 window a 16-bit gradient applied as it lands is widened into (4 MiB); cut at multiples of
@@ -72,12 +73,14 @@ class HostParamServer:
       Layer i lands in buffer (n - 1 - i) % ring, once the update of layer i + ring (its last user) has finished:
       the caller waits for it (`reuses`).
 
-    The optimizer reads FP32 gradients: in FP32 the landing itself (each parameter's `.grad`); under CMP an FP32
-    scratch the 16-bit landing is widened into.
-    - Applied as it lands (a ring) with torch's fused AdamW: the scratch is a window of WINDOW elements. Each
-      layer's commit widens its gradient a window at a time, steps that window (AdamW is elementwise: the same bits
-      as one call over the layer, LayerwiseOptimizer.step_window) and refreshes the window's 16-bit copy while it
-      is in cache.
+    The optimizer reads FP32 gradients: in FP32 the landing itself (each parameter's `.grad`); under CMP the 16-bit
+    landing, widened.
+    - Applied as it lands (a ring) with torch's fused AdamW: in one pass where the host's native kernel gives
+      torch's bits (suite/harness/host_commit.py): each element's 16-bit gradient read, AdamW applied, its 16-bit
+      copy written, in one parallel region a layer of `threads` threads. Elsewhere through a scratch of WINDOW
+      elements: each layer's commit widens its gradient a window at a time, steps that window (AdamW is
+      elementwise: the same bits as one call over the layer, LayerwiseOptimizer.step_window) and refreshes the
+      window's 16-bit copy while it is in cache.
     - Otherwise (LAMB's per-tensor trust ratio, a gate's norms and overflow flags over the whole layer): a scratch
       as large as the largest layer, as each parameter's `.grad`. A layer's gradient is widened and unscaled into
       it when it is prepared, and again at its commit where the scratch has since held another layer (a gated
@@ -94,8 +97,10 @@ class HostParamServer:
         pin: bool = False,
         impl: str = "fused",
         ring: int | None = None,
+        device_type: str = "cpu",
     ):
         self.run = run
+        self.threads = host_commit.team(device_type)  # the one-pass commit's team (a GPU's host leaves two cores)
         self.named: list[list[tuple[str, torch.nn.Parameter]]] = []
         self.flat, self.wire = [], []
         self.cmp = wire_dtype != torch.float32
@@ -134,6 +139,8 @@ class HostParamServer:
             for p, g in zip(params, self.grads[i]):
                 p.grad = g
         self._windows = [cut_windows([p for _, p in named], WINDOW) for named in self.named] if self.windowed else []
+        # each layer's wire copy as its parameters' views (the one-pass commit writes them)
+        self._wire_views = [_views(w, [p for _, p in named]) for w, named in zip(self.wire, self.named)]
         self._in_scratch: int | None = None  # the layer whose gradient the scratch holds, unscaled
         self._scaled_by = [1.0] * n  # each layer's loss scale when it was prepared (the step updates it after)
         # host time spent widening, unscaling and taking norms (not waiting for copies); a windowed commit widens
@@ -198,7 +205,13 @@ class HostParamServer:
         if self.windowed:  # applied as it lands: never gated (HostUpdater refuses a gate with a ring)
             assert clip_coef is None and not scaler.enabled, "a windowed commit has no gate"
             landing, flat, wire = self.landing_for(layer), self.flat[layer], self.wire[layer]
-            step_windows(self.opt, layer, step, self._windows[layer], landing, flat, wire, self.scratch)
+            module = host_commit.kernel()
+            if module is not None:
+                params = [p for _, p in self.named[layer]]
+                halves = {id(p): pair for p, pair in zip(params, zip(_views(landing, params), self._wire_views[layer]))}
+                self.opt.step_16bit(layer, step, module, halves, 1.0, self.threads)
+            else:
+                step_windows(self.opt, layer, step, self._windows[layer], landing, flat, wire, self.scratch)
             self.commit_seconds += time.perf_counter() - t0
             return
         if self.cmp and self._in_scratch != layer:  # a gated step prepared other layers since: the same values again

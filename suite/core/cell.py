@@ -13,7 +13,7 @@ import torch
 
 from suite.config.errors import ConfigError
 from suite.core.kinds import KINDS, kind
-from suite.harness import fused_lamb, rng
+from suite.harness import fused_lamb, host_commit, rng
 from suite.harness.device import device_type
 from suite.measure import flops
 from suite.records.schema import Outcome
@@ -235,6 +235,7 @@ def execute(payload: dict) -> Outcome:
     started = time.time()
     rng.reset()  # the paths this cell's draws take are its own, not those of the cells a worker ran before it
     fused_lamb.reset()  # and so is the host LAMB's kernel (a worker's earlier L2L cell asked for it, not this one)
+    host_commit.reset()  # and L2L-CMP's host commit
     record = {"status": "error: did not start", "metrics": {}, "error": None}
     device = torch.device("cpu")
     cap = None

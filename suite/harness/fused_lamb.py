@@ -1,5 +1,6 @@
-"""The host's fused LAMB kernel (csrc/lamb.cpp), built once per source, CPU and torch installation and shared by
-every checkout that uses that installation, or None with a warning."""
+"""The host's native kernels (csrc/: the fused LAMB, L2L-CMP's one-pass AdamW commit), one extension module built
+once per source, CPU and torch installation and shared by every checkout that uses that installation, or None with
+a warning."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from suite.harness.builds import build_lock, prepare_environment
 from suite.harness.processes import session_ticks
 
-SOURCE = Path(__file__).with_name("csrc") / "lamb.cpp"
+SOURCES = Path(__file__).with_name("csrc")  # every .cpp there is one source of the module
 # -march=native: the build is this CPU's (its name carries the CPU's flags, so a shared cache never hands one
 # machine another's code). fp-contract=off keeps the foreach LAMB's roundings; no-math-errno lets sqrt vectorise.
 # -fopenmp compiles the pragmas but is not passed to the linker: the OpenMP calls bind to the runtime torch has
@@ -49,28 +50,33 @@ def _torch_tag() -> str:
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
-def shared_source() -> tuple[Path, str]:
-    """The kernel's source, copied to a path named by its digest under torch's extension folder, and that digest.
-    Every checkout of the same source builds from this one path under one name, so the build (and ninja's rule,
-    which names the source's path) is one per source, CPU and torch installation (extension_name), made once and
-    reused by every checkout and cell process of that installation; a changed source is a new name, built anew."""
-    text = SOURCE.read_bytes()
-    digest = hashlib.blake2b(text, digest_size=6).hexdigest()
+def shared_source() -> tuple[list[Path], str]:
+    """The kernels' sources, copied to a folder named by their digest under torch's extension folder, and that
+    digest. Every checkout of the same sources builds from these paths under one name, so the build (and ninja's
+    rule, which names the sources' paths) is one per source, CPU and torch installation (extension_name), made once
+    and reused by every checkout and cell process of that installation; a changed source is a new name, built anew."""
+    files = sorted(SOURCES.glob("*.cpp"))
+    texts = {f.name: f.read_bytes() for f in files}
+    digest = hashlib.blake2b(b"".join(n.encode() + b"\0" + t for n, t in texts.items()), digest_size=6).hexdigest()
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    path = root / "memtrain-sources" / f"lamb-{digest}.cpp"
-    if not path.exists() or path.read_bytes() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(text)
-        os.replace(tmp, path)  # atomic: a process beside this one never reads half a source
-    return path, digest
+    folder = root / "memtrain-sources" / f"host-{digest}"
+    paths = []
+    for name, text in texts.items():
+        path = folder / name
+        if not path.exists() or path.read_bytes() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(text)
+            os.replace(tmp, path)  # atomic: a process beside this one never reads half a source
+        paths.append(path)
+    return paths, digest
 
 
 def extension_name(digest: str) -> str:
     """The extension's name (and its build folder's): one per source digest, CPU and torch installation. One folder
     built by two environments would be rebuilt back and forth: its rule holds the include paths of whichever built
     it last (seen: some 43 rebuilds in 20 minutes, each about 25 s of a core, inside cell processes)."""
-    return f"memtrain_lamb_{_cpu_tag()}_{_torch_tag()}_{digest}"
+    return f"memtrain_host_{_cpu_tag()}_{_torch_tag()}_{digest}"
 
 
 _why: list[str] = []  # why the build failed in this process, if it did
@@ -149,13 +155,14 @@ def compiled():
         from torch.utils import cpp_extension
 
         native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else []
-        source, digest = shared_source()
+        sources, digest = shared_source()
         name = extension_name(digest)
         build_dir = Path(cpp_extension._get_build_directory(name, False))
         if not (build_dir / f"{name}.so").exists() and not os.environ.get(_APART):
             _build_apart()  # what it could not build, the load below tries again and says why
         with build_lock(build_dir):  # built: ninja finds it up to date
-            return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=FLAGS + native, verbose=False)
+            paths = [str(s) for s in sources]
+            return cpp_extension.load(name=name, sources=paths, extra_cflags=FLAGS + native, verbose=False)
     except Exception as exc:  # noqa: BLE001 — no compiler, no ninja, a failed build: all mean the fallback
         if mode == "require":
             raise RuntimeError(f"the fused LAMB kernel did not build: {exc}") from exc

@@ -301,6 +301,39 @@ class LayerwiseOptimizer:
                 found_inf=None,
             )
 
+    @torch.no_grad()
+    def step_16bit(self, index: int, step: int, module, halves: dict, grad_mul: float, threads: int) -> None:
+        """Optimizer step `step` of layer `index` (a windowable one) from 16-bit gradients in one pass, writing the
+        parameters' 16-bit copies: `halves` maps each parameter's id to (its bf16 gradient, its bf16 copy), `module`
+        the one-pass kernel (suite.harness.host_commit), its gradients multiplied by `grad_mul` first. The bits of
+        a widening copy, step_window over the whole layer and a rounding copy."""
+        from suite.harness.host_commit import step_16bit
+
+        opt = self.opts[index]
+        if opt is None:
+            return
+        self.begin_windows(index, step)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        decays = [g["weight_decay"] for g in opt.param_groups for _ in g["params"]]
+        g0 = opt.param_groups[0]
+        state = [opt.state[p] for p in params]
+        step_16bit(
+            module,
+            [p.detach() for p in params],
+            [halves[id(p)][0] for p in params],
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [halves[id(p)][1] for p in params],
+            decays,
+            lr=g0["lr"],
+            beta1=g0["betas"][0],
+            beta2=g0["betas"][1],
+            eps=g0["eps"],
+            step=state[0]["step"],
+            grad_mul=grad_mul,
+            threads=threads,
+        )
+
     def step(self, step: int) -> None:
         """Step every layer: LAMB's layers together (one multi-tensor pass on the device), AdamW's layer by layer."""
         lamb = [o for o in self.opts if isinstance(o, Lamb)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from suite.config.paths import ROOT
-from suite.harness import fused_lamb, rng
+from suite.harness import fused_lamb, host_commit, rng
 from suite.measure.step import METHODOLOGY_VERSION
 
 CODE_PATHS = ("suite", "baselines", "methods", "experiments", "pyproject.toml")
@@ -105,9 +105,12 @@ def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
 
 def harness() -> dict:
     """What the harness ran with in this process: the keyed dropout's paths (with any fallback's reason) and the
-    host LAMB's kernel, where one was asked for."""
+    host LAMB's kernel and L2L-CMP's host commit, where one was asked for."""
     out: dict = {"dropout": rng.used()}
     lamb = fused_lamb.status()
     if lamb is not None:
         out["host_lamb"] = lamb
+    commit = host_commit.status()
+    if commit is not None:
+        out["host_commit"] = commit
     return out

@@ -10,6 +10,7 @@ from methods.l2l import param_server
 from methods.l2l.param_server import WINDOW, HostParamServer
 from suite.config.run import ModelConfig, RunConfig
 from suite.core.check import build_method, check
+from suite.harness import host_commit
 from suite.harness.loss_scale import DynamicLossScaler
 
 
@@ -69,11 +70,49 @@ def _commit_steps(server, steps=3) -> list[torch.Tensor]:
     return [*server.flat, *server.wire, *server.optimizer_state()]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_one_pass_commit_gives_the_whole_layers_bits(threads):
+    """Applied as it lands, a layer's 16-bit gradient is read, stepped and its 16-bit copy written in one pass
+    (csrc/adamw_cmp.cpp, each tensor's tail through torch's kernel): masters, 16-bit copies and moments equal, bit
+    for bit, those of torch's fused AdamW over the whole layer's widened gradient (a held landing), at any number of
+    threads. Some of the layers' tensors have tails (torch computes them apart; so does the commit)."""
+    if host_commit.kernel() is None:
+        pytest.skip(f"no one-pass commit here: {host_commit.status()}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        held = _commit_steps(build_method(_run(layers=2, landing="held")).server)
+        server = build_method(_run(layers=2)).server
+        assert server.windowed and server.threads == threads
+        assert any(p.numel() % host_commit.UNIT for named in server.named for _, p in named)
+        got = _commit_steps(server)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(got, held))
+
+
+def test_the_probe_tells_a_kernel_off_by_one_bit():
+    """The check the one-pass kernel passes before its first use fails a kernel whose masters differ by one bit."""
+    module = host_commit.fused_lamb.compiled()
+    if module is None:
+        pytest.skip("native kernels unavailable")
+    assert host_commit.probe(module)
+
+    class OffByOne:
+        def adamw_cmp_step(self, params, *args):
+            module.adamw_cmp_step(params, *args)
+            params[0].view(torch.int32)[5] += 1
+
+    assert not host_commit.probe(OffByOne())
+
+
 def test_adamw_applied_a_window_at_a_time_gives_the_whole_layers_bits(monkeypatch):
-    """A 16-bit gradient applied as it lands is widened a window at a time (no FP32 gradient as large as a layer):
-    masters, 16-bit copies and moments equal, bit for bit, those of the whole layer's update (a held landing). With
-    windows of two alignment units, the embeddings and some blocks' matrices are cut. A window that starts off the
-    alignment gives other bits (torch's fused AdamW computes a tensor's tail apart): the check can tell."""
+    """Where the one-pass kernel is not used, a 16-bit gradient applied as it lands is widened a window at a time
+    (no FP32 gradient as large as a layer): masters, 16-bit copies and moments equal, bit for bit, those of the
+    whole layer's update (a held landing). With windows of two alignment units, the embeddings and some blocks'
+    matrices are cut. A window that starts off the alignment gives other bits (torch's fused AdamW computes a
+    tensor's tail apart): the check can tell."""
+    monkeypatch.setattr(host_commit, "kernel", lambda: None)
     held = _commit_steps(build_method(_run(layers=2, landing="held")).server)
     for size, same in ((2 * param_server.WINDOW_ALIGN, True), (param_server.WINDOW_ALIGN + 3, False)):
         monkeypatch.setattr(param_server, "WINDOW", size)

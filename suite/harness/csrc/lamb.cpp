@@ -110,8 +110,3 @@ void lamb_step(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, st
     }
   }
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("lamb_step", &lamb_step, "LAMB step over one param group (fused, two passes, threaded)",
-        py::call_guard<py::gil_scoped_release>());
-}
