@@ -45,6 +45,9 @@ METHODS = (
 )
 
 
+CLIPPED = "L2L-CMP, clipped at 1.0 (norm on the device)"
+
+
 def _row(profile: str, shape: str, name: str, method: str, overrides: dict, label: str, layers=None) -> Row:
     preset, over = MODELS[profile][shape]
     model = {"model.preset": preset, "model.init": "hf", **over, **({"model.layers": layers} if layers else {})}
@@ -63,6 +66,9 @@ def _row(profile: str, shape: str, name: str, method: str, overrides: dict, labe
 def rows(profile: str) -> list[Row]:
     profile = "paper" if profile != "tiny" else "tiny"
     out = [_row(profile, shape, *m) for shape in ("8b", "7b") for m in METHODS]
+    # Llama recipes clip at 1.0: the norm is taken on the device before anything ships, so the host still applies
+    # each gradient as it lands (issue 63, item 4)
+    out.append(_row(profile, "8b", "l2l-cmp-clip", "l2l-cmp", {**L2L, "clip_grad_norm": 1.0}, CLIPPED))
     short = TRUNCATED[profile]
     out += [_row(profile, "8b", *m, layers=short) for m in METHODS if m[0] in ("amp", "l2l-cmp-cache")]
     return out
@@ -119,7 +125,8 @@ EXPERIMENT = OneBuild(
         "(6N)` is 6 x parameters x tokens a second, the convention of offloading papers (MegaTrain's 272 for "
         "Qwen2.5-7B on an H100), which counts the embeddings and not the attention. L2L-CMP keeps 14 bytes of host "
         "a parameter here (FP32 master, AdamW's two moments, the 16-bit copy the device loads; its gradients are "
-        "applied as they land); FSDP2's offload about 16. Rows past the device's 80 GB (AMP at full depth) are "
+        "applied as they land; clipped, with the norm taken on the device, where each layer's 16-bit gradient waits "
+        "until it is known: 2 bytes a parameter of device, none more of host); FSDP2's offload about 16. Rows past the device's 80 GB (AMP at full depth) are "
         "counted `oom` and do not run. What offloading costs where AMP fits: the 8-layer rows' tokens a second, "
         "one over the other, read within one sweep (no other row is a ratio to them: other shapes). Each timed "
         "cell builds its model once (Hugging Face's init alone) and measures 3 rounds of 2 steps there after one "

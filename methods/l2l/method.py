@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from methods.l2l.lanes import Lanes
 from methods.l2l.param_server import HostParamServer
-from methods.l2l.relay import DeviceRelay, Stash
+from methods.l2l.relay import DeviceGradients, DeviceRelay, Stash
 from methods.l2l.timeline import breakdown
 from methods.l2l.updates import HostUpdater
 from suite.config.errors import ConfigError
@@ -89,19 +89,22 @@ class L2L(Method):
         pin = device.type == "cuda"
         overlap = self.opts["overlap"] == "on"
         ring = HostUpdater.ring(run, overlap) if self.opts["landing"] == "ring" else None
+        held = ring is not None and HostUpdater.clips_on_device(run, overlap)  # clipping's norm taken on the device
         self.server = HostParamServer(
-            model, run, self.dtype, pin, impl=self.opts["host_optim"], ring=ring, device_type=device.type
+            model, run, self.dtype, pin, impl=self.opts["host_optim"], ring=ring, device_type=device.type, forward=held
         )
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         # Every step is traced (marks cost microseconds): the spans of the last one, for timeline()
         self.trace = trace if trace is not None else []
         self.lanes = Lanes(device)
+        self.held = DeviceGradients(model, device, self.dtype, self.lanes) if held else None
         self.updater = HostUpdater(
             self.server,
             self.scaler,
             run,
             overlap,
             invalidate=lambda layer: self.relay.invalidate(layer),
+            held=self.held,
         )
         self.relay = DeviceRelay(
             model,
@@ -128,6 +131,11 @@ class L2L(Method):
 
     def _ship(self, layer: int, slot) -> None:
         self.relay.release(slot)
+        if self.held is not None:  # kept on the device until clipping's norm is known (finish() ships it)
+            if self.group is not None:
+                dist.all_reduce(slot.grad, group=self.group)
+            self.held.hold(layer, slot)
+            return
         shipment = self.relay.ship(slot, self.updater.landing(layer), self.group, layer)
         self.updater.layer_done(layer, shipment, self.step_count)
 
@@ -237,9 +245,10 @@ class L2L(Method):
 
     def memory_roles(self) -> dict[str, list[torch.Tensor]]:
         server, slots = self.server, self.relay.slots
+        held = self.held.buffers if self.held is not None else []
         return {
             "parameters": [s.flat for s in slots] + server.flat + server.wire,
-            "gradients": [s.grad for s in slots] + server.gradient_buffers(),
+            "gradients": [s.grad for s in slots] + held + server.gradient_buffers(),
             "optimizer": server.optimizer_state(),
             "stash": self.stash.tensors(),
         }
@@ -247,7 +256,7 @@ class L2L(Method):
     def resident_device_bytes(self) -> int:
         # The slots' weights and gradient buffers; stashes, gradients of activations and
         # recompute buffers are allocated inside the step, where the tracker (or CUDA) sees them.
-        return self.relay.nbytes()
+        return self.relay.nbytes() + (self.held.nbytes() if self.held is not None else 0)
 
 
 @register("l2l-cmp")

@@ -44,14 +44,16 @@ def cut_windows(params: list[torch.nn.Parameter], size: int) -> list[tuple[int, 
     return out
 
 
-def step_windows(opt, layer: int, step: int, windows, landing, flat, wire, scratch) -> None:
+def step_windows(opt, layer: int, step: int, windows, landing, flat, wire, scratch, clip_coef=None) -> None:
     """Optimizer step `step` of one layer a window at a time (`windows`: cut_windows of its parameters): each window's
-    16-bit gradient (from `landing`) widened into `scratch`, the window stepped, its 16-bit copy (`wire`, of the
-    FP32 `flat`) refreshed while it is in cache."""
+    16-bit gradient (from `landing`) widened into `scratch` (and multiplied by `clip_coef`), the window stepped, its
+    16-bit copy (`wire`, of the FP32 `flat`) refreshed while it is in cache."""
     opt.begin_windows(layer, step)
     for lo, hi, pieces in windows:
         grad = scratch[: hi - lo]
         grad.copy_(landing[lo:hi])
+        if clip_coef is not None:
+            grad.mul_(clip_coef)
         opt.step_window(layer, [(p, a, b, grad[at - lo : at - lo + b - a]) for p, a, b, at in pieces])
         wire[lo:hi].copy_(flat[lo:hi])
 
@@ -68,10 +70,12 @@ class HostParamServer:
     - held (`ring=None`): one landing buffer per layer, kept until the layer's commit. A global gate (fp16's
       overflow check, clipping's norm over every layer) or an update after the whole backward needs every layer's
       gradient before the first commit.
-    - a ring of `ring` buffers as large as the largest layer, reused in turn as the backward ships head first: the
-      host applies each layer's gradient as it lands (overlap=on, no gate), so no gradient outlives its commit.
-      Layer i lands in buffer (n - 1 - i) % ring, once the update of layer i + ring (its last user) has finished:
-      the caller waits for it (`reuses`).
+    - a ring of `ring` buffers as large as the largest layer, reused in turn as the gradients ship: the host applies
+      each layer's gradient as it lands (overlap=on, no host gate), so no gradient outlives its commit. The
+      backward ships head first (`forward=False`): layer i lands in buffer (n - 1 - i) % ring, once the update of
+      layer i + ring (its last user) has finished: the caller waits for it (`reuses`). Gradients held on the device
+      until clipping's norm is known ship embeddings first (`forward=True`): layer i in buffer i % ring, after
+      layer i - ring's update.
 
     The optimizer reads FP32 gradients: in FP32 the landing itself (each parameter's `.grad`); under CMP the 16-bit
     landing, widened.
@@ -98,8 +102,10 @@ class HostParamServer:
         impl: str = "fused",
         ring: int | None = None,
         device_type: str = "cpu",
+        forward: bool = False,
     ):
         self.run = run
+        self.forward = forward  # the ring is filled embeddings first (else head first)
         self.threads = host_commit.team(device_type)  # the one-pass commit's team (a GPU's host leaves two cores)
         self.named: list[list[tuple[str, torch.nn.Parameter]]] = []
         self.flat, self.wire = [], []
@@ -157,10 +163,14 @@ class HostParamServer:
     def num_layers(self) -> int:
         return len(self.named)
 
+    def _position(self, layer: int) -> int:
+        """Where `layer` comes in the order its gradient ships."""
+        return layer if self.forward else self.num_layers - 1 - layer
+
     def _landing_flat(self, layer: int) -> torch.Tensor:
         if self.ring is None:
             return self.landing[layer]
-        return self.landing[(self.num_layers - 1 - layer) % self.ring]
+        return self.landing[self._position(layer) % self.ring]
 
     def landing_for(self, layer: int) -> torch.Tensor:
         """The host buffer `layer`'s gradient is copied into (its first numel elements of a ring buffer)."""
@@ -168,9 +178,9 @@ class HostParamServer:
 
     def reuses(self, layer: int) -> int | None:
         """The layer whose landing `layer`'s gradient overwrites (its update must have finished first), if any."""
-        if self.ring is None or layer + self.ring >= self.num_layers:
+        if self.ring is None or self._position(layer) < self.ring:
             return None
-        return layer + self.ring
+        return layer - self.ring if self.forward else layer + self.ring
 
     def _load(self, layer: int, scaler, scale: float | None = None) -> torch.Tensor | None:
         """Under CMP: widen the layer's landed 16-bit gradient into the FP32 scratch. Then unscale it (by `scale`, or
@@ -202,16 +212,18 @@ class HostParamServer:
         """Apply optimizer step `step` to one layer (gradients scaled by `clip_coef` first), then
         refresh the 16-bit copy the device will load next."""
         t0 = time.perf_counter()
-        if self.windowed:  # applied as it lands: never gated (HostUpdater refuses a gate with a ring)
-            assert clip_coef is None and not scaler.enabled, "a windowed commit has no gate"
+        if self.windowed:  # applied as it lands: no host gate (HostUpdater refuses one with a ring)
+            assert not scaler.enabled, "a windowed commit has no overflow gate"
             landing, flat, wire = self.landing_for(layer), self.flat[layer], self.wire[layer]
             module = host_commit.kernel()
+            # clipping's coefficient (decided on the device before anything shipped) as a float32, as the gate's
+            mul = 1.0 if clip_coef is None else float(clip_coef.float())
             if module is not None:
                 params = [p for _, p in self.named[layer]]
                 halves = {id(p): pair for p, pair in zip(params, zip(_views(landing, params), self._wire_views[layer]))}
-                self.opt.step_16bit(layer, step, module, halves, 1.0, self.threads)
+                self.opt.step_16bit(layer, step, module, halves, mul, self.threads)
             else:
-                step_windows(self.opt, layer, step, self._windows[layer], landing, flat, wire, self.scratch)
+                step_windows(self.opt, layer, step, self._windows[layer], landing, flat, wire, self.scratch, clip_coef)
             self.commit_seconds += time.perf_counter() - t0
             return
         if self.cmp and self._in_scratch != layer:  # a gated step prepared other layers since: the same values again

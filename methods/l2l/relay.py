@@ -183,6 +183,50 @@ class DeviceRelay:
         return sum(s.nbytes() for s in self.slots)
 
 
+class DeviceGradients:
+    """Every layer's gradient (summed over micro-batches and ranks) kept on the device from the end of its backward
+    until clipping's norm over all of them is known, each parameter's norm taken as it arrives (in FP32), so that
+    the host receives each gradient with the coefficient already decided and applies it as it lands: the host holds
+    a ring of landings instead of one a layer (2 bytes a parameter under CMP), the device the gradients in its own
+    dtype (Llama 3 8B in bf16: 16 GB beside the slots)."""
+
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, lanes: Lanes):
+        self.lanes = lanes
+        self.buffers, self.views = [], []
+        for i in range(model.num_layers):
+            shapes = [p.shape for p in model.layers[i].parameters()]  # the slot's order, and the host's
+            flat = torch.empty(sum(s.numel() for s in shapes), device=device, dtype=dtype)
+            self.buffers.append(flat)
+            views, offset = [], 0
+            for shape in shapes:
+                views.append(flat[offset : offset + shape.numel()].view(shape))
+                offset += shape.numel()
+            self.views.append(views)
+        self.norms: list[list[torch.Tensor]] = [[] for _ in self.buffers]
+        self.shipments: list[Shipment | None] = [None] * len(self.buffers)
+
+    def hold(self, layer: int, slot: Slot) -> None:
+        """Keep the slot's gradient of `layer` (queued behind its backward on the compute stream) and its norms."""
+        last = self.shipments[layer]
+        if last is not None:  # last step's download of this buffer has read it
+            last.device_wait()
+            self.shipments[layer] = None
+        copy_into(self.buffers[layer], slot.grad)
+        self.norms[layer] = list(torch._foreach_norm(self.views[layer], 2, dtype=torch.float32))
+
+    def total_norm(self) -> torch.Tensor:
+        """The norm of every parameter's norm, stacked in parameter order, as clip_grad_norm_ takes it."""
+        return torch.linalg.vector_norm(torch.stack([t for norms in self.norms for t in norms]), 2.0)
+
+    def ship(self, layer: int, dst: torch.Tensor) -> Shipment:
+        """Copy the held gradient of `layer` down to host buffer `dst` (no other copy is queued on it meanwhile)."""
+        self.shipments[layer] = Shipment(self.lanes, self.buffers[layer], dst)
+        return self.shipments[layer]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers)
+
+
 class Stash:
     """Each block's input per micro-batch, kept on the device (stash=gpu) or in pinned host memory (stash=cpu).
 

@@ -109,13 +109,18 @@ class HostUpdater:
     as on the one host thread.
     """
 
-    def __init__(self, server, scaler, run, overlap: bool, invalidate):
+    def __init__(self, server, scaler, run, overlap: bool, invalidate, held=None):
         self.server, self.scaler, self.run, self.overlap = server, scaler, run, overlap
         self.invalidate = invalidate  # a committed layer's device copy is stale
-        self.clip = run.clip_grad_norm > 0
+        # Clipping decided on the device (`held`, the relay's DeviceGradients: every layer's gradient kept there
+        # until the norm is known), or on the host from every held landing
+        self.held = held
+        self.clip = run.clip_grad_norm > 0 and held is None
         self.gated = scaler.enabled or self.clip
         if self.gated and server.ring is not None:  # a gate needs every gradient before the first commit
             raise ValueError("a gated step (loss scaling or clipping) holds every layer's landing: ring=None")
+        if held is not None and (server.ring is None or not server.forward or scaler.enabled):
+            raise ValueError("gradients held on the device ship through a ring, embeddings first, ungated")
         counted = is_fake(server.flat[0])
         self.pool = InLine() if counted else LayerQueue()
         weakref.finalize(self, self.pool.shutdown, wait=False)
@@ -127,9 +132,16 @@ class HostUpdater:
     @staticmethod
     def ring(run, overlap: bool) -> int | None:
         """How many landing buffers the host's gradients pass through: RING where each is applied as it lands
-        (overlap=on with no gate: bf16 or FP32 without clipping), else None, one per layer held until its commit."""
-        gated = run.precision == "fp16" or run.clip_grad_norm > 0  # fp16 is loss-scaled: its overflow gates a step
+        (overlap=on with no host gate: bf16 or FP32, clipped on the device or not), else None, one per layer held
+        until its commit."""
+        gated = run.precision == "fp16"  # fp16 is loss-scaled: its overflow gates a step
         return RING if overlap and not gated else None
+
+    @staticmethod
+    def clips_on_device(run, overlap: bool) -> bool:
+        """Whether clipping's norm is taken on the device, each layer's gradient held there until it is known, so
+        that the host applies every gradient as it lands (no landing a layer on the host): clipping with a ring."""
+        return run.clip_grad_norm > 0 and HostUpdater.ring(run, overlap) is not None
 
     def landing(self, layer: int) -> torch.Tensor:
         """Where `layer`'s gradient lands; a ring buffer once its last user's update has finished."""
@@ -139,7 +151,10 @@ class HostUpdater:
         return self.server.landing_for(layer)
 
     def layer_done(self, layer: int, shipment, step: int) -> None:
-        """The backward of `layer` has finished and its gradient is on its way to the host."""
+        """The backward of `layer` has finished and its gradient is on its way to the host (held on the device:
+        `shipment` is None, and finish() ships it)."""
+        if self.held is not None:
+            return
         if not self.overlap:
             self.shipments[layer] = shipment
         elif self.gated:
@@ -185,6 +200,8 @@ class HostUpdater:
             if not skipped:
                 for i in range(n):
                     self.invalidate(i)
+        elif self.held is not None:
+            self._ship_held(step)
         elif self.gated:
             prepared = [f.result() for f in self.prepared]
             self.prepared = [None] * n
@@ -195,6 +212,36 @@ class HostUpdater:
                     self.ready[i] = self.pool.submit(self.server.commit, i, step, self.scaler, coef, layer=i)
         self.scaler.update(skipped)
         return skipped
+
+    def _ship_held(self, step: int) -> None:
+        """Clipping's coefficient from the norms taken on the device, then every held gradient shipped and committed
+        on the host thread, embeddings first (the order the next forward needs them): the first RING downloads
+        queued at once, each later one into the landing a commit has just freed. Each layer's `ready` is resolved
+        as its commit lands, so the next forward starts while the top layers are still being committed."""
+        n = self.server.num_layers
+        total = self.held.total_norm()
+        # As the host gate's: clamp(max_norm / (norm + 1e-6), max=1), a float32 on the host
+        coef = torch.clamp(self.run.clip_grad_norm / (total + 1e-6), max=1.0).float().cpu()
+        for i in range(n):
+            self.invalidate(i)
+        self.ready = [Future() for _ in range(n)]
+        self.pool.submit(self._commit_held, step, coef, self.ready)
+
+    def _commit_held(self, step: int, coef: torch.Tensor, ready: list[Future]) -> None:
+        n, ring, server = self.server.num_layers, self.server.ring, self.server
+        try:
+            shipments = {j: self.held.ship(j, server.landing_for(j)) for j in range(min(ring, n))}
+            for i in range(n):
+                server.prepare(i, shipments.pop(i), self.scaler, False)
+                server.commit(i, step, self.scaler, coef)
+                ready[i].set_result(None)
+                if i + ring < n:  # its landing is free: the next download into it
+                    shipments[i + ring] = self.held.ship(i + ring, server.landing_for(i + ring))
+        except BaseException as exc:  # noqa: BLE001 — every waiting upload hears of it
+            for future in ready:
+                if not future.done():
+                    future.set_exception(exc)
+            raise
 
     def drain(self) -> None:
         """Wait for every queued update (before reading the weights)."""

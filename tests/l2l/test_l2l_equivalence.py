@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from methods.l2l.relay import DeviceRelay
+from methods.l2l.relay import DeviceGradients, DeviceRelay
 from methods.l2l.updates import HostUpdater
 from suite.config.run import ModelConfig, RunConfig
-from suite.core.check import check
+from suite.core.check import build_method, check
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIBATCH = 8
@@ -52,11 +53,16 @@ def test_global_norm_clipping_matches_grad_accum(overlap, stash):
     assert result.passed and result.worst[1] <= 1e-6, result.report(top=5)
 
 
-def test_oracle_catches_an_unclipped_update(monkeypatch):
-    # The clipping test above must be able to fail: drop the coefficient and the updates differ.
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_oracle_catches_an_unclipped_update(monkeypatch, overlap):
+    # The clipping test above must be able to fail: drop the coefficient and the updates differ. overlap=off takes
+    # the norm on the host from every held landing (its gate), overlap=on on the device before anything ships.
     decide = HostUpdater._decide
     monkeypatch.setattr(HostUpdater, "_decide", lambda self, prepared: (decide(self, prepared)[0], None))
-    result = check(tiny(4, dict(overlap="on"), optimizer="adamw", clip_grad_norm=0.01), "grad_accum", steps=3)
+    monkeypatch.setattr(DeviceGradients, "total_norm", lambda self: torch.zeros(()))  # coefficient 1: unclipped
+    run = tiny(4, dict(overlap=overlap), optimizer="adamw", clip_grad_norm=0.01)
+    assert (build_method(run).held is not None) == (overlap == "on")
+    result = check(run, "grad_accum", steps=3)
     assert not result.passed
 
 

@@ -36,18 +36,25 @@ def _run(method="l2l-cmp", precision="bf16", overlap="on", clip=0.0, layers=6, l
         # Applied as each gradient lands: the FP32 master, two moments and the 16-bit wire copy; no gradient a
         # parameter, only the ring (bounded by the largest layer) and AdamW's FP32 window.
         ("l2l-cmp", "bf16", "on", 0.0, 4 + 8 + 2, 3),
-        # Held until the host may commit (after the whole backward, or behind fp16's overflow or clipping's norm
-        # gate): a 16-bit landing a parameter besides.
+        # Clipped with its norm taken on the device, before anything ships: applied as it lands all the same.
+        ("l2l-cmp", "bf16", "on", 0.05, 4 + 8 + 2, 3),
+        # Held until the host may commit (after the whole backward, or behind fp16's overflow gate, or clipping's
+        # norm taken on the host after the backward): a 16-bit landing a parameter besides.
         ("l2l-cmp", "bf16", "off", 0.0, 4 + 8 + 2 + 2, None),
         ("l2l-cmp", "fp16", "on", 0.0, 4 + 8 + 2 + 2, None),
-        ("l2l-cmp", "bf16", "on", 0.05, 4 + 8 + 2 + 2, None),
+        ("l2l-cmp", "bf16", "off", 0.05, 4 + 8 + 2 + 2, None),
         # FP32: the landing is the gradient the optimizer reads (no scratch, no wire copy).
         ("l2l", "fp32", "on", 0.0, 4 + 8, 3),
         ("l2l", "fp32", "off", 0.0, 4 + 4 + 8, None),
     ],
 )
 def test_host_bytes_a_parameter(method, precision, overlap, clip, per_param, ring):
-    server = build_method(_run(method, precision, overlap, clip)).server
+    built = build_method(_run(method, precision, overlap, clip))
+    server = built.server
+    # the device holds every layer's gradient in its own dtype where it takes clipping's norm
+    assert (built.held is not None) == (clip > 0 and ring is not None)
+    if built.held is not None:
+        assert built.held.nbytes() == sum(f.numel() for f in server.flat) * 2
     params = sum(f.numel() for f in server.flat)
     largest = max(f.numel() for f in server.flat)
     cmp = precision != "fp32"
