@@ -332,3 +332,24 @@ def test_a_count_on_meta_runs_sdpa_as_a_gpu_does_without_the_scores():
         with Ops() as plain:  # outside the count: torch's own choice (the math path on meta)
             torch.nn.functional.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)
         assert any("bmm" in op for op in plain.seen)
+
+
+def test_l2l_cmp_with_adamw_counts_its_commit_as_it_lands_and_its_clipping_on_the_device():
+    """L2L-CMP with AdamW applies each gradient as it lands (a ring on the host), clipped or not: clipped, every
+    layer's 16-bit gradient waits on the device until the norm is known (2 bytes a parameter there, none more on the
+    host). The counts agree with the real tensors' tracker."""
+    cases = [case("l2l-cmp", "bf16", {"stash": "gpu", "overlap": "on"}, device="meta", real=True) for _ in range(2)]
+    for c, clip in zip(cases, (0.0, 0.05)):
+        c["run"].update(optimizer="adamw", clip_grad_norm=clip)
+    plain, clipped = probe(cases)
+    for got in (plain, clipped):
+        counted, real = got["counted"], got["real"]
+        assert counted["device_peak_allocated"] == pytest.approx(real["resident"] + real["step_peak"], rel=0.01)
+        assert counted["host_breakdown"]["gradients"] == real["host_gradient_bytes"] > 0
+    p, c = plain["counted"], clipped["counted"]
+    # the same host, but for the clipping coefficient's 4 bytes among its transients
+    assert {**c["host_breakdown"], "transient": 0} == {**p["host_breakdown"], "transient": 0}
+    assert 0 <= c["host_breakdown"]["transient"] - p["host_breakdown"]["transient"] <= 16
+    params = p["host_breakdown"]["parameters"] // 6  # the FP32 master and its 16-bit copy a parameter
+    held = c["device_breakdown"]["gradients"] - p["device_breakdown"]["gradients"]
+    assert 2 * params <= held < 2 * params * 1.001  # each layer's buffer rounded up to the device's 512 B

@@ -9,6 +9,7 @@ import torch
 
 from methods.l2l.lanes import host_buffer
 from suite.harness import host_commit
+from suite.harness.device import is_fake
 from suite.harness.optim import WINDOW_ALIGN, LayerwiseOptimizer
 
 # Elements of the FP32 window a 16-bit gradient applied as it lands is widened into (4 MiB); cut at multiples of
@@ -215,10 +216,11 @@ class HostParamServer:
         if self.windowed:  # applied as it lands: no host gate (HostUpdater refuses one with a ring)
             assert not scaler.enabled, "a windowed commit has no overflow gate"
             landing, flat, wire = self.landing_for(layer), self.flat[layer], self.wire[layer]
-            module = host_commit.kernel()
-            # clipping's coefficient (decided on the device before anything shipped) as a float32, as the gate's
-            mul = 1.0 if clip_coef is None else float(clip_coef.float())
+            # a counted step's fake tensors have no data for the kernel: the windowed path allocates what it does
+            module = None if is_fake(flat) else host_commit.kernel()
             if module is not None:
+                # clipping's coefficient (decided on the device before anything shipped): a float32, as the gate's
+                mul = 1.0 if clip_coef is None else float(clip_coef.float())
                 params = [p for _, p in self.named[layer]]
                 halves = {id(p): pair for p, pair in zip(params, zip(_views(landing, params), self._wire_views[layer]))}
                 self.opt.step_16bit(layer, step, module, halves, mul, self.threads)
