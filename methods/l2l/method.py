@@ -180,8 +180,10 @@ class L2L(Method):
                 with torch.enable_grad():
                     loss = model.forward_layer(head, x, ctx, module=slot.module)
                 self.scaler.scale_loss(loss).backward()
+                slot.accumulate(relay.sums, u == 0)
                 grads[u] = x.grad
                 total += loss.detach()
+        slot.round_sums(relay.sums)
         self._ship(head, slot)
         # Every rank reports the global minibatch loss; the sum is collected while the backward runs.
         loss_sum = dist.all_reduce(total, group=self.group, async_op=True) if self.group is not None else None
@@ -201,7 +203,9 @@ class L2L(Method):
                     with torch.enable_grad():
                         y = model.forward_layer(layer, x, ctx, module=slot.module)
                     y.backward(grads[u])  # parameter gradients accumulate into the slot, in micro-batch order
+                    slot.accumulate(relay.sums, u == 0)
                     grads[u] = x.grad if layer else None
+            slot.round_sums(relay.sums)
             self._ship(layer, slot)
         stash.clear()
         if loss_sum is not None:
@@ -248,7 +252,7 @@ class L2L(Method):
         held = self.held.buffers if self.held is not None else []
         return {
             "parameters": [s.flat for s in slots] + server.flat + server.wire,
-            "gradients": [s.grad for s in slots] + held + server.gradient_buffers(),
+            "gradients": [s.grad for s in slots] + [self.relay.sums] + held + server.gradient_buffers(),
             "optimizer": server.optimizer_state(),
             "stash": self.stash.tensors(),
         }

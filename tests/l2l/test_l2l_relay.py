@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from methods.l2l.relay import Slot
 from suite.config.errors import ConfigError
 from suite.config.run import ModelConfig, RunConfig, apply_overrides
 from suite.core.check import build_method, relative_error
@@ -276,3 +277,19 @@ def test_a_device_layer_cache_keeps_every_block_and_uploads_each_layer_once_a_st
 def test_block_slots_below_two_are_refused():
     with pytest.raises(ConfigError, match="block_slots=1"):
         _method(options={"block_slots": 1})
+
+
+def test_a_16_bit_slot_sums_its_micro_batches_in_fp32():
+    """A bf16 slot sums its micro-batches' gradients in FP32 and rounds the sum once (issue 63, item 5): 1 and
+    sixteen 2^-9 make 1.03125, where sixteen additions in bf16 (an ulp of 2^-7 at 1) would leave 1.0."""
+    slot = Slot(torch.nn.Linear(1, 1, bias=False), torch.device("cpu"), torch.bfloat16)
+    sums = torch.empty(1)
+    (w,) = slot.params
+    bf16 = torch.zeros((), dtype=torch.bfloat16)
+    for u, g in enumerate([1.0] + [2.0**-9] * 16):
+        (w.sum() * g).backward()
+        bf16 += w.grad.sum()
+        slot.accumulate(sums, u == 0)
+        assert w.grad is None  # the next micro-batch's gradient arrives in a fresh tensor
+    slot.round_sums(sums)
+    assert slot.grad.item() == 1.03125 and bf16.item() == 1.0
