@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from experiments import table2
+from suite.config.paths import repo_named
 from suite.core.experiment import Experiment, Metric, Row, get_experiment
 
 SHAPE = {"model.preset": "bert-base", "seq_len": 256, "model.layers": 8, "warmup": 1, "steps": 1}
@@ -90,16 +91,6 @@ EXPERIMENT = Experiment(
 )
 
 
-def _named(path: Path) -> str:
-    """A file as the repository names it (from its root), never as one machine's folders do."""
-    from suite.config.paths import ROOT
-
-    try:
-        return Path(path).resolve().relative_to(Path(ROOT).resolve()).as_posix()
-    except ValueError:
-        return Path(path).name
-
-
 def convert(report: Path, commit: str, environment: Path, results_dir: Path) -> list[Path]:
     """This experiment's `paper` records on a GPU from the counted test's JUnit `report` at `commit`, on the machine
     of `environment` (a campaign's environment.json); each failing row's figures as its message gives them."""
@@ -147,7 +138,7 @@ def convert(report: Path, commit: str, environment: Path, results_dir: Path) -> 
             "finished": finished,
             "machine": fp,
             "converted_from": {
-                "file": _named(report),
+                "file": repo_named(report),
                 "commit": commit,
                 "by": "experiments/counted_vs_cuda.py",
                 "finished": "the report's timestamp",

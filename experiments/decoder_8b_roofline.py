@@ -53,6 +53,8 @@ EXPERIMENT = ProjectingExperiment(
         Metric("tail_s", "in series (s)", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("elementwise_s", "of compute: non-matmul kernels (s)", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("host_ns_for_compute", "host update to keep up (ns a parameter)", "{:.3g}", ratio=False, paper=False),
+        Metric("device_update_tokens_per_s", "tokens/s, update on the device", "{:.0f}", ratio=False, paper=False),
+        Metric("update_best", "faster update", "{}", ratio=False, paper=False),
         Metric("reference", "measured (tokens/s)", "{:.0f}", ratio=False, paper=False),
         Metric("error", "error", "{:+.1%}", ratio=False, paper=False),
     ],
@@ -73,7 +75,10 @@ EXPERIMENT = ProjectingExperiment(
         "embeddings' and first block's updates after the backward and the first upload; FSDP2's offload: its host "
         "optimizer after the backward; AMP: its optimizer on the device). `measured` is that GPU's decoder-8b record "
         "of the row where a loan has made one, `error` the projection against it. `host update to keep up` is the rate "
-        "a parameter at which L2L's host would take exactly the compute's time: a host slower than it bounds the step. "
+        "a parameter at which L2L's host would take exactly the compute's time (a gated row's: the next forward's): a "
+        "host slower than it bounds the step. `tokens/s, update on the device`: the same row with L2L's AdamW on the "
+        "device, each layer's FP32 master and moments over the link both ways (methods/roofline.py), and `faster "
+        "update` the place the roofline prefers on this machine kind. "
         "MFU is the suite's one definition "
         "(suite/measure/flops.py: model FLOPs, matmuls only, no recompute, over the dense peak of the precision), the "
         "same as every measured row's; TFLOPS (6N) is the offloading papers' 6 x parameters x tokens a second, which "
@@ -126,6 +131,19 @@ def held_to(run, metrics: dict, index: Index) -> dict:
     }
 
 
+def device_update(run, spec: Machine, host: roofline.Roofline) -> dict:
+    """For an L2L row, its step with the update on the device priced beside (issue 63, item 3: the master and moments
+    over the link), and where the update is faster on this machine kind."""
+    if run.method not in ("l2l", "l2l-cmp"):
+        return {}
+    dev = roofline.project(run, spec, update="device")
+    return {
+        "device_update_tokens_per_s": dev.tokens_per_s,
+        "device_update_bound": dev.bound,
+        "update_best": "device" if dev.step_s < host.step_s else "host",
+    }
+
+
 def roofline_cell(run, device, cap, index: Index | None = None) -> dict:
     """The `roofline` cell kind: run.options["projection"] names the machine (a MACHINES key); the roofline
     (methods/roofline.py) is handed its rates and computes alone. What it is held to is read when the table is
@@ -151,6 +169,7 @@ def roofline_cell(run, device, cap, index: Index | None = None) -> dict:
         "elementwise_s": out.elementwise_s,
         "host_ns_for_compute": out.host_ns_for_compute,
         "bound": out.bound,
+        **device_update(run, spec, out),
         "device_spec": spec.name,
         "assumptions": spec.sources,
     }

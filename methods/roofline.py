@@ -10,14 +10,19 @@ from the run's model built on `meta`):
   (AdamW: reads the master, two moments and the 16-bit gradient, writes the three back and the 16-bit copy; LAMB's
   second pass and layer-sized scratch: 46), besides the copy engines' own reads and writes of host memory. The
   device, the copies and the host overlap; what cannot is the tail: the last layers' updates after the backward
-  (the embeddings and the first block: the next forward starts with them) and the first upload.
+  (the embeddings and the first block: the next forward starts with them) and the first upload. A gated step (fp16's
+  overflow, clipping's norm taken on the device) commits nothing before the backward ends: its commits (and,
+  clipped, its gradients' downloads) overlap only the next forward. The update on the device is priced beside
+  (`update="device"`): each layer's FP32 master and moments up after its backward and back after its update with
+  the 16-bit copy (12 + 14 bytes a parameter over the link), AdamW in device memory, the host serving copies alone.
 - FSDP2 with CPU offload (torch's): the FP32 shards up to the device at every gather, forward and backward of every
   micro-batch (its gradients synchronise only at the last, so each micro-batch gathers again; once a micro-batch
   with reshard off), the FP32 gradients down once; the optimizer (torch's fused AdamW, 28 bytes a parameter) runs on
   the host after the backward, in series.
 - AMP resident: no PCIe; the optimizer on the device streams its bytes at the device memory's rate after the
   backward.
-The device's compute is the step's hardware FLOPs (suite.measure.flops, recompute included) at the GEMM rate.
+The device's compute is the step's hardware FLOPs (suite.measure.flops, recompute included) at the GEMM rate, and the
+bytes of its other kernels (sum_bytes: the micro-batches' gradient sums; elementwise_bytes) at the device memory's.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from suite.measure.flops import per_sample
 WIRE = {"fp32": 4, "fp16": 2, "bf16": 2}
 HOST_UPDATE = {"adamw": 28, "lamb": 46}  # host bytes a parameter the L2L update streams (see the docstring)
 DEVICE_UPDATE = 36  # bytes a parameter a resident AdamW streams (FP32 weights, gradients and moments; 16-bit copy)
+STATE = 12  # bytes a parameter of L2L's FP32 master and two moments: what an update on the device brings up and back
+UPDATES = ("host", "device")  # where L2L's update runs (project's `update`)
 
 
 @dataclass(frozen=True)
@@ -121,8 +128,10 @@ def layer_sizes(run) -> list[int]:
 _SIZES: dict[str, list[int]] = {}
 
 
-def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
-    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `spec`."""
+def project(run, spec: Machine, sizes: list[int] | None = None, update: str = "host") -> Roofline:
+    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `spec`; L2L's update on the host (its
+    param server) or, priced beside it, on the device (`update="device"`: each layer's master and moments streamed
+    up and back over the link, both directions overlapping compute)."""
     from suite.core import registry
 
     sizes = layer_sizes(run) if sizes is None else sizes
@@ -137,28 +146,55 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
     attention = samples * m.layers * 4 * run.seq_len**2 * m.hidden * forwards
     matmuls = samples * flops["hardware_flops_per_sample"] - attention + samples * head_recompute_flops(run)
     w = WIRE[run.precision]
-    elementwise = samples * run.seq_len * elementwise_bytes(run, forwards) / (spec.device_gbps * 1e9)
+    l2l = run.method in ("l2l", "l2l-cmp")
+    if update not in UPDATES or (update == "device" and not l2l):
+        raise ValueError(f"update={update!r}: one of {list(UPDATES)}, and 'device' for L2L only")
+    moved = samples * run.seq_len * elementwise_bytes(run, forwards) + sum_bytes(run, n, l2l)
+    if update == "device":
+        moved += n * (HOST_UPDATE["adamw"] + STATE)  # AdamW in device memory, its state arriving and leaving there
+    elementwise = moved / (spec.device_gbps * 1e9)
     compute = matmuls / (spec.gemm_tflops * 1e12) + attention / (spec.attention_tflops * 1e12) + elementwise
     h2d_bps, d2h_bps, host_bps = spec.h2d_gbps * 1e9, spec.d2h_gbps * 1e9, spec.host_gbps * 1e9
-    if run.method in ("l2l", "l2l-cmp"):
+    host_ns_for_compute = None
+    if l2l:
         if opts["overlap"] != "on":
             raise ValueError(f"{run.method}: the roofline models overlap=on (the host updates during the backward)")
         slots = opts["block_slots"]
         again = sum(blocks[: max(len(blocks) - slots, 0)])  # blocks below the top slots: uploaded again
         stash = samples * run.seq_len * m.hidden * w * len(blocks) if opts["stash"] == "cpu" else 0
-        up, down = (n + again) * w + stash, n * w + stash
-        # the update a parameter at its rate (AdamW's; LAMB's in proportion to the bytes it streams), and the copy
-        # engines reading and writing host memory
-        update = spec.host_update_ns * 1e-9 * HOST_UPDATE[run.optimizer] / HOST_UPDATE["adamw"]
-        copies = (up + down) / host_bps
-        host = n * update + copies
-        first = sizes[0] + sizes[1]  # the embeddings and the first block land last; the next forward needs them first
-        # after the backward, in series: the embeddings' gradient down, the two layers' updates, the first upload
-        tail = sizes[0] * w / d2h_bps + first * update + sizes[0] * w / h2d_bps
+        if update == "device":
+            # each layer's master and moments up after its backward and back after its update, with the 16-bit
+            # copy the next forward loads; its gradient never leaves the device, and the host only serves copies
+            up, down = (n + again) * w + n * STATE + stash, n * (STATE + w) + stash
+            per_param = 0.0
+        else:
+            up, down = (n + again) * w + stash, n * w + stash
+            # the update a parameter at its rate (AdamW's; LAMB's in proportion to the bytes it streams)
+            per_param = spec.host_update_ns * 1e-9 * HOST_UPDATE[run.optimizer] / HOST_UPDATE["adamw"]
+        copies = (up + down) / host_bps  # the copy engines reading and writing host memory
+        host = n * per_param + copies
         busy = {"compute": compute, "upload": up / h2d_bps, "download": down / d2h_bps, "host": host}
-        overlapped = busy
-        step = max(busy.values()) + tail
-        host_ns_for_compute = max(compute - copies, 0.0) / n * 1e9 * HOST_UPDATE["adamw"] / HOST_UPDATE[run.optimizer]
+        overlapped = dict(busy)
+        if run.precision == "fp16" or run.clip_grad_norm > 0:
+            # A gated step (fp16's overflow, clipping's norm): no layer commits before the backward has ended, so the
+            # commits (and, clipped on the device, the gradients' downloads) overlap only the next forward, which
+            # follows them layer by layer: the backward, then the slower of the forward and what the host does.
+            forward = compute / forwards
+            after = max(host, down / d2h_bps if run.clip_grad_norm > 0 else 0.0)
+            overlapped["host"] = compute - forward + max(forward, after)
+            tail = sizes[0] * w / h2d_bps  # the first upload
+            keep_up = forward - copies
+        elif update == "device":
+            tail = sizes[0] * STATE / h2d_bps  # the embeddings' state up after their backward, then their update
+            keep_up = None
+        else:
+            first = sizes[0] + sizes[1]  # the embeddings and first block land last; the next forward needs them first
+            # after the backward, in series: the embeddings' gradient down, the two layers' updates, the first upload
+            tail = sizes[0] * w / d2h_bps + first * per_param + sizes[0] * w / h2d_bps
+            keep_up = compute - copies
+        step = max(overlapped.values()) + tail
+        if keep_up is not None and update == "host":
+            host_ns_for_compute = max(keep_up, 0.0) / n * 1e9 * HOST_UPDATE["adamw"] / HOST_UPDATE[run.optimizer]
     elif run.method == "fsdp-offload":
         gathers = 2 * run.num_micro_batches if opts["reshard"] == "on" else run.num_micro_batches
         up, down = gathers * n * 4, n * 4  # FP32 shards up at every gather, FP32 gradients down once
@@ -175,8 +211,6 @@ def project(run, spec: Machine, sizes: list[int] | None = None) -> Roofline:
         step = compute + tail
     else:
         raise ValueError(f"no roofline for method {run.method!r}: one of l2l, l2l-cmp, fsdp-offload, amp, ag")
-    if run.method not in ("l2l", "l2l-cmp"):
-        host_ns_for_compute = None
     return Roofline(
         step_s=step,
         tokens=samples * run.seq_len,
@@ -210,6 +244,15 @@ def elementwise_bytes(run, forwards: int) -> float:
     chunked = chunk_for(run.seq_len * run.micro_batch_size, m.vocab_size, m.loss_chunk) if m.family == "llama" else 0
     head = m.vocab_size * 4 * (3 + (1 if chunked else 0))
     return m.layers * block + head
+
+
+def sum_bytes(run, n: int, l2l: bool) -> float:
+    """Bytes a step moves through device memory summing its micro-batches' parameter gradients: L2L's 16-bit slots
+    read each micro-batch's gradient (2) and add it into an FP32 sum (8), which is rounded once a step (4 + 2);
+    elsewhere (and L2L in FP32) autograd adds each micro-batch's FP32 gradient into the last (12)."""
+    if l2l and run.precision != "fp32":
+        return run.num_micro_batches * n * 10 + n * 6
+    return run.num_micro_batches * n * 12
 
 
 def head_recompute_flops(run) -> float:

@@ -123,7 +123,9 @@ def test_the_step_counts_its_non_matmul_kernels_its_heads_recompute_and_every_do
     spec = roofline.Machine("t", "H100", 1.0, 1.0, 1e3, 1e3, 1e3, 1.0)  # a slow device memory: its kernels show
     out = roofline.project(run, spec)
     tokens = run.batch_size * run.seq_len
-    assert out.elementwise_s == pytest.approx(tokens * roofline.elementwise_bytes(run, 4) / 1e9)
+    sums = roofline.sum_bytes(run, out.parameters, True)
+    assert sums == (4 * 10 + 6) * out.parameters  # 4 micro-batches into an FP32 sum, rounded once
+    assert out.elementwise_s == pytest.approx((tokens * roofline.elementwise_bytes(run, 4) + sums) / 1e9)
     assert out.compute_s > out.elementwise_s > 0
     import dataclasses
 
@@ -165,3 +167,66 @@ def test_no_projection_on_the_roofline_page_is_above_what_its_terms_allow():
     for m in rows:
         assert m["step_time"] >= max(m["compute_s"], m["h2d_s"], m["d2h_s"], m["host_s"]) * (1 - 1e-9), m
         assert m["step_time"] >= m.get("elementwise_s", 0.0)
+
+
+def test_a_gated_step_overlaps_its_commits_with_the_next_forward_only():
+    """Issue 63, item 6: clipped (its norm taken on the device) or fp16 (its overflow gate), no layer commits before
+    the backward ends, so the host's work overlaps only the next forward: a host slower than the forward lengthens
+    the step by what it takes past it, where an ungated step hides it under the whole compute."""
+    host_busy = roofline.Machine("t", "H100", 1.0, 1.0, 1e3, 1e3, 1e3, 1e3, host_update_ns=0.0)
+    free = roofline.project(_run("l2l-cmp", options=L2L), host_busy)
+    ns = 0.6 * free.compute_s / free.parameters * 1e9  # the host takes 60% of the compute's time
+    spec = roofline.Machine("t", "H100", 1.0, 1.0, 1e3, 1e3, 1e3, 1e3, host_update_ns=ns)
+    ungated = roofline.project(_run("l2l-cmp", options=L2L), spec)
+    assert ungated.bound == "compute"
+    for gated_run in (_run("l2l-cmp", options=L2L, clip_grad_norm=1.0), _run("l2l-cmp", "fp16", options=L2L)):
+        gated = roofline.project(gated_run, spec)
+        forward = gated.compute_s / 4  # recompute: a forward, a forward again and a backward of two
+        assert gated.bound == "host"
+        assert gated.step_s == pytest.approx(gated.compute_s - forward + gated.host_s + gated.tail_s)
+        assert gated.host_ns_for_compute == pytest.approx((forward - gated.pcie_bytes / 1e12) / gated.parameters * 1e9)
+
+
+def test_the_update_on_the_device_streams_its_state_over_the_link_and_leaves_the_host_its_copies():
+    """Issue 63, item 3: priced beside the host's update, L2L's update on the device brings each layer's master and
+    moments up (12 bytes a parameter) and takes them back with the 16-bit copy (14), its gradient never leaving;
+    the host does no update, only the copies' traffic. A slow host update bounds the one, not the other."""
+    run = _run("l2l-cmp", options={**L2L, "block_slots": 4})
+    spec = roofline.Machine("t", "H100", 1.0, 1.0, 1e3, 1e3, 1e3, 1e3, host_update_ns=1e4)
+    host, device = roofline.project(run, spec), roofline.project(run, spec, update="device")
+    n = host.parameters
+    assert (host.h2d_bytes, host.d2h_bytes) == (2 * n, 2 * n)
+    assert (device.h2d_bytes, device.d2h_bytes) == (2 * n + 12 * n, 14 * n)
+    assert device.host_s == pytest.approx(device.pcie_bytes / 1e12) and device.host_ns_for_compute is None
+    assert host.bound == "host" and device.bound == "compute" and device.step_s < host.step_s
+    with pytest.raises(ValueError, match="update='device'"):
+        roofline.project(_run("amp"), spec, update="device")
+
+
+def test_a_lent_hosts_measured_update_replaces_the_assumed_one(tmp_path):
+    """The H200's stage-1 micro-benchmarks (results/campaign/h200-140gb/bench.json), converted into a bench-host-optim
+    record of that machine, give the H200's host update a parameter (the suite's fused AdamW over a layer at its 16
+    threads) in the catalogue's place, naming the record; the H100 keeps its assumption; a bench-link record that
+    measures L2L's own update comes first."""
+    from pathlib import Path
+
+    from experiments import decoder_8b_roofline as unit
+    from experiments.benchmarks import campaign_bench
+    from suite.records import store
+    from suite.records.index import Index
+
+    campaign = Path(__file__).resolve().parent.parent / "results" / "campaign" / "h200-140gb"
+    campaign_bench.convert(campaign / "bench.json", campaign / "environment.json", tmp_path)
+    spec = unit.rates("h200", Index(tmp_path))
+    assert spec.host_update_ns == pytest.approx(1.504, abs=1e-3)
+    assert spec.sources["update"].startswith("measured: bench-host-optim on h200-140gb, 2026-11-27")
+    assert spec.host_gbps == roofline.MACHINES["h200"].host_gbps  # the triad was not measured there
+    assert unit.rates("h100", Index(tmp_path)) == roofline.MACHINES["h100"]
+    figures = dict(h2d_gbps=53.0, d2h_gbps=51.0, host_ns_per_param=0.5)
+    record = {
+        "key": "k", "experiment": "bench-link", "row": "block", "method": "l2l-cmp", "profile": "paper",
+        "device_type": "cuda", "variant": "", "config": {"run": {}}, "status": "ok", "metrics": figures,
+        "provenance": {}, "finished": "2026-12-01T10:00:00", "machine": {"slug": "h200-140gb"},
+    }  # fmt: skip
+    store.save(tmp_path, "k", "h200-140gb", record)
+    assert unit.rates("h200", Index(tmp_path)).host_update_ns == 0.5

@@ -371,13 +371,13 @@ def host_optim_cell(run, device, cap) -> dict:
     return cell_metrics(summarise(m), m, o["size"], ds, fused_lamb.kernel() is not None)
 
 
-def cell_metrics(rows: list[dict], m: dict, size: str, deepspeed: str | None, fused: bool) -> dict:
+def cell_metrics(rows: list[dict], m: dict, size: str, deepspeed: str | None, fused: bool | None) -> dict:
     """A cell's record: the table's columns, what ran, every candidate's summary (`rows`) and the raw times of the
     measurement `m`."""
     by_name = {r["name"]: r for r in rows}
     return {
         **{f"{key}_{f}": by_name[name][f] for name, key in HEADLINE.items() for f in ("ns_per_param", "ratio")},
-        "triad_gb_per_s": by_name["triad"]["gb_per_s"],
+        "triad_gb_per_s": by_name["triad"]["gb_per_s"] if "triad" in by_name else None,
         # L2L-CMP's one-pass commit, where it ran: against torch's fused AdamW, its bound, and beside a busy core
         **(
             {
@@ -458,7 +458,7 @@ def detail(cells, records) -> list[str]:
     for cell, m in measured(cells, records):
         rows = m["candidates"]
         ds = m["deepspeed"] or ("not installed" if cell.run.options["deepspeed"] else "not timed (deepspeed=false)")
-        kernel = "built" if m["fused_lamb"] else "unavailable (foreach fallback)"
+        kernel = {True: "built", False: "unavailable (foreach fallback)", None: "not recorded"}[m["fused_lamb"]]
         lines += [
             f"**{m['size']}** ({m['numel'] / 1e6:.1f}M parameters), **{m['threads']} thread(s)**, "
             f"{rows[0]['samples']} steps each (`{cell.row.name}`; DeepSpeed {ds}; fused LAMB kernel {kernel}):",

@@ -26,3 +26,12 @@ def suite_command() -> list[str]:
     except ValueError:
         pass
     return [str(exe), "-m", "suite"]
+
+
+def repo_named(path) -> str:
+    """A file as the repository names it (from its root), never as one machine's folders do; its name alone outside
+    the repository."""
+    try:
+        return Path(path).resolve().relative_to(Path(ROOT).resolve()).as_posix()
+    except ValueError:
+        return Path(path).name

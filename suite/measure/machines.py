@@ -47,9 +47,8 @@ def _link(gbps: float, source: str) -> dict[str, Figure]:
 _GEN5 = "assumed: PCIe Gen5 x16, 50 GB/s effective of 63 per direction"
 _HOST16 = "assumed: 100 GB/s streaming at 16 cores (a server's is 75-150)"
 _UPDATE16 = (
-    "assumed: AdamW's 28 bytes a parameter in one pass at the assumed host bandwidth; bench-link measures L2L's own "
-    "update on a lent host (the one measurement so far, the H200's L2L microbenchmark outside the records, was far "
-    "slower: results/campaign/h200-140gb/bench.json)"
+    "assumed: AdamW's 28 bytes a parameter in one pass at the assumed host bandwidth; a lent host's bench-link record "
+    "(L2L's own update) or bench-host-optim record (the suite's fused AdamW over a layer) replaces it"
 )
 _H100_PEAKS = {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}
 H100 = Kind(
