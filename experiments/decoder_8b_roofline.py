@@ -14,7 +14,10 @@ from suite.measure.flops import peak_tflops
 from suite.records.index import Index, open_index
 from suite.records.schema import machine_of, status_of
 
-NOT_PROJECTED = ("8b-amp", "7b-amp")  # past the device at full depth (counted oom): nothing to project
+NOT_PROJECTED = ("8b-amp", "7b-amp")
+# The update on the device is preferred only where its step is shorter by more than this: the roofline's floors
+# (elementwise kernels, the tail) are not fine enough to choose on less
+MARGIN = 1.05  # past the device at full depth (counted oom): nothing to project
 
 
 def rows(profile: str) -> list[Row]:
@@ -78,7 +81,8 @@ EXPERIMENT = ProjectingExperiment(
         "a parameter at which L2L's host would take exactly the compute's time (a gated row's: the next forward's): a "
         "host slower than it bounds the step. `tokens/s, update on the device`: the same row with L2L's AdamW on the "
         "device, each layer's FP32 master and moments over the link both ways (methods/roofline.py), and `faster "
-        "update` the place the roofline prefers on this machine kind. "
+        "update` the place the roofline prefers on this machine kind (the device only where its step is shorter by "
+        "more than 5%: the roofline's floors cannot choose on less). "
         "MFU is the suite's one definition "
         "(suite/measure/flops.py: model FLOPs, matmuls only, no recompute, over the dense peak of the precision), the "
         "same as every measured row's; TFLOPS (6N) is the offloading papers' 6 x parameters x tokens a second, which "
@@ -140,7 +144,7 @@ def device_update(run, spec: Machine, host: roofline.Roofline) -> dict:
     return {
         "device_update_tokens_per_s": dev.tokens_per_s,
         "device_update_bound": dev.bound,
-        "update_best": "device" if dev.step_s < host.step_s else "host",
+        "update_best": "device" if dev.step_s * MARGIN < host.step_s else "host",
     }
 
 
