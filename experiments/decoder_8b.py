@@ -46,6 +46,7 @@ METHODS = (
 
 
 CLIPPED = "L2L-CMP, clipped at 1.0 (norm on the device)"
+ON_DEVICE = "L2L-CMP, AdamW on the device (master and moments over the link)"
 
 
 def _row(profile: str, shape: str, name: str, method: str, overrides: dict, label: str, layers=None) -> Row:
@@ -69,6 +70,8 @@ def rows(profile: str) -> list[Row]:
     # Llama recipes clip at 1.0: the norm is taken on the device before anything ships, so the host still applies
     # each gradient as it lands (issue 63, item 4)
     out.append(_row(profile, "8b", "l2l-cmp-clip", "l2l-cmp", {**L2L, "clip_grad_norm": 1.0}, CLIPPED))
+    # AdamW on the device, each layer's master and moments over the link (issue 63, item 3)
+    out.append(_row(profile, "8b", "l2l-cmp-device", "l2l-cmp", {**L2L, "update": "device"}, ON_DEVICE))
     short = TRUNCATED[profile]
     out += [_row(profile, "8b", *m, layers=short) for m in METHODS if m[0] in ("amp", "l2l-cmp-cache")]
     return out

@@ -135,11 +135,12 @@ def held_to(run, metrics: dict, index: Index) -> dict:
     }
 
 
-def device_update(run, spec: Machine, host: roofline.Roofline) -> dict:
-    """For an L2L row, its step with the update on the device priced beside (issue 63, item 3: the master and moments
-    over the link), and where the update is faster on this machine kind."""
+def device_update(run, spec: Machine) -> dict:
+    """For an L2L row, its step with the update on the device (issue 63, item 3: the master and moments over the
+    link), and where the update is faster on this machine kind, the device's or the host's."""
     if run.method not in ("l2l", "l2l-cmp"):
         return {}
+    host = roofline.project(run, spec, update="host")
     dev = roofline.project(run, spec, update="device")
     return {
         "device_update_tokens_per_s": dev.tokens_per_s,
@@ -173,7 +174,7 @@ def roofline_cell(run, device, cap, index: Index | None = None) -> dict:
         "elementwise_s": out.elementwise_s,
         "host_ns_for_compute": out.host_ns_for_compute,
         "bound": out.bound,
-        **device_update(run, spec, out),
+        **device_update(run, spec),
         "device_spec": spec.name,
         "assumptions": spec.sources,
     }

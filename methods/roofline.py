@@ -128,10 +128,10 @@ def layer_sizes(run) -> list[int]:
 _SIZES: dict[str, list[int]] = {}
 
 
-def project(run, spec: Machine, sizes: list[int] | None = None, update: str = "host") -> Roofline:
-    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `spec`; L2L's update on the host (its
-    param server) or, priced beside it, on the device (`update="device"`: each layer's master and moments streamed
-    up and back over the link, both directions overlapping compute)."""
+def project(run, spec: Machine, sizes: list[int] | None = None, update: str | None = None) -> Roofline:
+    """The step of `run` (a RunConfig of l2l, l2l-cmp, fsdp-offload or amp) on `spec`; L2L's update where `update`
+    says (default: the run's own `update` option): on the host (its param server) or on the device (each layer's
+    master and moments streamed up and back over the link, both directions overlapping compute)."""
     from suite.core import registry
 
     sizes = layer_sizes(run) if sizes is None else sizes
@@ -147,6 +147,7 @@ def project(run, spec: Machine, sizes: list[int] | None = None, update: str = "h
     matmuls = samples * flops["hardware_flops_per_sample"] - attention + samples * head_recompute_flops(run)
     w = WIRE[run.precision]
     l2l = run.method in ("l2l", "l2l-cmp")
+    update = update or (opts.get("update", "host") if l2l else "host")
     if update not in UPDATES or (update == "device" and not l2l):
         raise ValueError(f"update={update!r}: one of {list(UPDATES)}, and 'device' for L2L only")
     moved = samples * run.seq_len * elementwise_bytes(run, forwards) + sum_bytes(run, n, l2l)

@@ -96,7 +96,8 @@ def candidates(layers, deepspeed: bool = True) -> dict[str, tuple[str, object]]:
         on copies of the weights, each layer's masters one flat buffer as the server's."""
 
         def make():
-            from methods.l2l.param_server import WINDOW, _views, cut_windows, step_windows
+            from methods.l2l.lanes import shaped_views
+            from methods.l2l.param_server import WINDOW, cut_windows, step_windows
 
             run = RunConfig(optimizer="adamw", lr=1e-4, weight_decay=0.01).validate()
             named = [[(n, torch.nn.Parameter(p.detach().clone())) for n, p in row] for row in layers]
@@ -104,13 +105,15 @@ def candidates(layers, deepspeed: bool = True) -> dict[str, tuple[str, object]]:
             for row in named:
                 params = [p for _, p in row]
                 flat = torch.cat([p.detach().flatten() for p in params])
-                for p, view in zip(params, _views(flat, params)):
+                for p, view in zip(params, shaped_views(flat, params)):
                     p.data = view
                 flats.append(flat)
                 wires.append(flat.to(torch.bfloat16))
                 landings.append(torch.empty(flat.numel()).normal_(0, 1e-3).to(torch.bfloat16))
                 windows.append(cut_windows(params, WINDOW))
-                halves.append(dict(zip(map(id, params), zip(_views(landings[-1], params), _views(wires[-1], params)))))
+                halves.append(
+                    dict(zip(map(id, params), zip(shaped_views(landings[-1], params), shaped_views(wires[-1], params))))
+                )
             opt = LayerwiseOptimizer(named, run, impl="fused", host=True)
             scratch = torch.empty(min(WINDOW, max(f.numel() for f in flats)))
             count = itertools.count(1)

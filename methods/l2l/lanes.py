@@ -28,6 +28,15 @@ def zero(t: torch.Tensor) -> None:
     torch._foreach_zero_([t])
 
 
+def shaped_views(flat: torch.Tensor, like) -> list[torch.Tensor]:
+    """Views of `flat` shaped as each tensor of `like`, one after another from its start."""
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return out
+
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

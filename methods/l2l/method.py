@@ -7,7 +7,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from methods.l2l.lanes import Lanes
+from methods.l2l.device_update import DeviceUpdate
+from methods.l2l.lanes import Lanes, shaped_views
 from methods.l2l.param_server import HostParamServer
 from methods.l2l.relay import DeviceGradients, DeviceRelay, Stash
 from methods.l2l.timeline import breakdown
@@ -67,14 +68,36 @@ class L2L(Method):
             "overlap=on and no gate holds the step; else held) or held (a buffer a layer: the device may run ahead "
             "of a slow host, for 2 or 4 more host bytes a parameter)",
         ),
+        "update": Option(
+            "host",
+            ("host", "device"),
+            "where AdamW updates each layer: host (the param server's cores) or device (its FP32 master and moments "
+            "brought up during its backward, updated in device memory and sent back with the 16-bit copy: 12 + 14 "
+            "bytes a parameter over the link, none of the host's cores; overlap=on, adamw, no gate)",
+        ),
     }
 
     @classmethod
     def check_config(cls, run) -> None:
         super().check_config(run)
-        slots = cls.resolved_options(run)["block_slots"]
+        opts = cls.resolved_options(run)
+        slots = opts["block_slots"]
         if slots < 2:
             raise ConfigError(f"block_slots={slots}: the relay needs 2 or more (one computes while the next uploads)")
+        if opts["update"] == "device":
+            why = [
+                what
+                for what, bad in (
+                    ("overlap=on", opts["overlap"] != "on"),
+                    ("optimizer=adamw", run.optimizer != "adamw"),
+                    ("no fp16 loss scaling", run.precision == "fp16"),
+                    ("clip_grad_norm=0", run.clip_grad_norm > 0),
+                    ("ranks=1", run.ranks != 1),
+                )
+                if bad
+            ]
+            if why:
+                raise ConfigError(f"update=device needs {', '.join(why)} (it updates each layer as its backward ends)")
 
     @classmethod
     def recomputes(cls, run) -> bool:
@@ -90,8 +113,17 @@ class L2L(Method):
         overlap = self.opts["overlap"] == "on"
         ring = HostUpdater.ring(run, overlap) if self.opts["landing"] == "ring" else None
         held = ring is not None and HostUpdater.clips_on_device(run, overlap)  # clipping's norm taken on the device
+        on_device = self.opts["update"] == "device"
         self.server = HostParamServer(
-            model, run, self.dtype, pin, impl=self.opts["host_optim"], ring=ring, device_type=device.type, forward=held
+            model,
+            run,
+            self.dtype,
+            pin,
+            impl=self.opts["host_optim"],
+            ring=ring,
+            device_type=device.type,
+            forward=held,
+            flat_state=on_device,
         )
         self.scaler = DynamicLossScaler(enabled=run.precision == "fp16")
         # Every step is traced (marks cost microseconds): the spans of the last one, for timeline()
@@ -106,13 +138,15 @@ class L2L(Method):
             invalidate=lambda layer: self.relay.invalidate(layer),
             held=self.held,
         )
+        # the update on the device (methods/l2l/device_update.py), its downloads waited for on the host thread
+        self.device_update = DeviceUpdate(self.server, self.lanes, device, self.updater.pool) if on_device else None
         self.relay = DeviceRelay(
             model,
             self.server.wire,
             device,
             self.dtype,
             self.lanes,
-            lambda layer: self.updater.ready[layer],
+            lambda layer: (self.device_update or self.updater).ready[layer],
             self.trace,
             self.opts["block_slots"],
         )
@@ -131,6 +165,10 @@ class L2L(Method):
 
     def _ship(self, layer: int, slot) -> None:
         self.relay.release(slot)
+        if self.device_update is not None:  # updated where it is: FP32 sums (CMP) or the FP32 gradient (L2L)
+            grads = shaped_views(self.relay.sums, slot.params) if slot.fp32_sums else [p.grad for p in slot.params]
+            self.device_update.apply(layer, slot, grads, self.step_count)
+            return
         if self.held is not None:  # kept on the device until clipping's norm is known (finish() ships it)
             if self.group is not None:
                 dist.all_reduce(slot.grad, group=self.group)
@@ -138,6 +176,11 @@ class L2L(Method):
             return
         shipment = self.relay.ship(slot, self.updater.landing(layer), self.group, layer)
         self.updater.layer_done(layer, shipment, self.step_count)
+
+    def _fetch_state(self, layer: int) -> None:
+        """With the update on the device: bring `layer`'s master and moments up while its backward runs."""
+        if self.device_update is not None:
+            self.device_update.fetch(layer)
 
     def step(self, batch: MiniBatch) -> StepStats:
         model, relay, stash = self.model, self.relay, self.stash
@@ -170,6 +213,7 @@ class L2L(Method):
         # The head runs forward and backward at once: its loss is the last forward and the first backward.
         slot = relay.use(head)
         relay.zero_grad(slot)
+        self._fetch_state(head)
         relay.prefetch(head - 1)
         stash.prefetch(head - 1, n)
         grads, total = [None] * n, 0.0
@@ -193,6 +237,7 @@ class L2L(Method):
         for layer in range(head - 1, -1, -1):
             slot = relay.use(layer)
             relay.zero_grad(slot)
+            self._fetch_state(layer)
             relay.prefetch(layer - 1)  # the layer below uploads while this one computes
             stash.prefetch(layer - 1, n)
             with self._span("backward", layer):
@@ -245,6 +290,8 @@ class L2L(Method):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.updater.drain()
+        for future in self.device_update.ready if self.device_update is not None else ():
+            future.result()
         return self.server.state_dict()
 
     def memory_roles(self) -> dict[str, list[torch.Tensor]]:
@@ -253,14 +300,15 @@ class L2L(Method):
         return {
             "parameters": [s.flat for s in slots] + server.flat + server.wire,
             "gradients": [s.grad for s in slots] + [self.relay.sums] + held + server.gradient_buffers(),
-            "optimizer": server.optimizer_state(),
+            "optimizer": server.optimizer_state() + (self.device_update.tensors() if self.device_update else []),
             "stash": self.stash.tensors(),
         }
 
     def resident_device_bytes(self) -> int:
         # The slots' weights and gradient buffers; stashes, gradients of activations and
         # recompute buffers are allocated inside the step, where the tracker (or CUDA) sees them.
-        return self.relay.nbytes() + (self.held.nbytes() if self.held is not None else 0)
+        extra = [x.nbytes() for x in (self.held, self.device_update) if x is not None]
+        return self.relay.nbytes() + sum(extra)
 
 
 @register("l2l-cmp")

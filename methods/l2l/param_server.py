@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from methods.l2l.lanes import host_buffer
+from methods.l2l.lanes import host_buffer, shaped_views
 from suite.harness import host_commit
 from suite.harness.device import is_fake
 from suite.harness.optim import WINDOW_ALIGN, LayerwiseOptimizer
@@ -15,15 +15,6 @@ from suite.harness.optim import WINDOW_ALIGN, LayerwiseOptimizer
 # Elements of the FP32 window a 16-bit gradient applied as it lands is widened into (4 MiB); cut at multiples of
 # WINDOW_ALIGN from each parameter's start, as LayerwiseOptimizer.step_window needs
 WINDOW = 256 * WINDOW_ALIGN
-
-
-def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """Views of `flat` shaped as `params`, one after another from its start."""
-    out, offset = [], 0
-    for p in params:
-        out.append(flat[offset : offset + p.numel()].view_as(p))
-        offset += p.numel()
-    return out
 
 
 def cut_windows(params: list[torch.nn.Parameter], size: int) -> list[tuple[int, int, list[tuple]]]:
@@ -104,6 +95,7 @@ class HostParamServer:
         ring: int | None = None,
         device_type: str = "cpu",
         forward: bool = False,
+        flat_state: bool = False,
     ):
         self.run = run
         self.forward = forward  # the ring is filled embeddings first (else head first)
@@ -116,8 +108,8 @@ class HostParamServer:
         self.ring = ring if ring is not None and ring < n else None
         for i, numel in enumerate(sizes):
             named = model.layer_named_parameters(i)
-            flat = host_buffer(numel, torch.float32, pin and not self.cmp)
-            for (_, p), view in zip(named, _views(flat, [p for _, p in named])):
+            flat = host_buffer(numel, torch.float32, pin and (flat_state or not self.cmp))
+            for (_, p), view in zip(named, shaped_views(flat, [p for _, p in named])):
                 view.copy_(p.detach())
                 # The model's own parameters become views of the flat buffer: one copy of the
                 # weights, updated in place by the optimizer, readable by HF name.
@@ -128,32 +120,52 @@ class HostParamServer:
         # FP32 landings start at zero (the optimizer reads them as gradients before any has landed, e.g. a count's
         # first step); 16-bit ones are always written before they are read.
         zero = not self.cmp
-        if self.ring is None:
+        if flat_state:  # updated on the device: no gradient comes to the host
+            self.landing = []
+        elif self.ring is None:
             self.landing = [host_buffer(numel, wire_dtype, pin, zero) for numel in sizes]
         else:
             self.landing = [host_buffer(largest, wire_dtype, pin, zero) for _ in range(self.ring)]
         self.opt = LayerwiseOptimizer(self.named, run, impl=impl, host=True)  # its state made now, beside the masters
+        # Where the update runs on the device (methods/l2l/device_update.py): each layer's moments as views of two
+        # flat buffers, pinned with its master, so that the three cross the link as one copy each
+        self._state_flats = [self._flatten_state(i, pin) for i in range(n)] if flat_state else []
         self.windowed = self.cmp and self.ring is not None and all(self.opt.windowable(i) for i in range(n))
         scratch = min(WINDOW, largest) if self.windowed else largest
-        self.scratch = host_buffer(scratch, torch.float32, False, zero=True) if self.cmp else None
+        self.scratch = host_buffer(scratch, torch.float32, False, zero=True) if self.cmp and not flat_state else None
         # Each layer's FP32 gradients, as its parameters' .grad: views of its landing, or of the scratch (CMP, where
-        # it holds a whole layer)
+        # it holds a whole layer); none where none comes to the host
         self.grads = []
         for i, named in enumerate(self.named):
             params = [p for _, p in named]
-            source = self.scratch if self.cmp else self._landing_flat(i)
-            self.grads.append([] if self.windowed else _views(source, params))
+            source = self.scratch if self.cmp else None if flat_state else self._landing_flat(i)
+            self.grads.append([] if self.windowed or source is None else shaped_views(source, params))
             for p, g in zip(params, self.grads[i]):
                 p.grad = g
         self._windows = [cut_windows([p for _, p in named], WINDOW) for named in self.named] if self.windowed else []
         # each layer's wire copy as its parameters' views (the one-pass commit writes them)
-        self._wire_views = [_views(w, [p for _, p in named]) for w, named in zip(self.wire, self.named)]
+        self._wire_views = [shaped_views(w, [p for _, p in named]) for w, named in zip(self.wire, self.named)]
         self._in_scratch: int | None = None  # the layer whose gradient the scratch holds, unscaled
         self._scaled_by = [1.0] * n  # each layer's loss scale when it was prepared (the step updates it after)
         # host time spent widening, unscaling and taking norms (not waiting for copies); a windowed commit widens
         # its own windows, in commit_seconds
         self.prepare_seconds = 0.0
         self.commit_seconds = 0.0  # host time spent in optimizer updates and refreshing the 16-bit copies
+
+    def _flatten_state(self, layer: int, pin: bool) -> tuple[torch.Tensor, ...]:
+        params = [p for _, p in self.named[layer]]
+        numel = self.flat[layer].numel()
+        flats = [host_buffer(numel, torch.float32, pin, zero=True) for _ in range(2)]
+        opt = self.opt.opts[layer]
+        for key, flat in zip(("exp_avg", "exp_avg_sq"), flats):
+            for p, view in zip(params, shaped_views(flat, params)):
+                view.copy_(opt.state[p][key])
+                opt.state[p][key] = view
+        return (self.flat[layer], *flats)
+
+    def state_flats(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """Layer's FP32 master and two moments as three flat host buffers (flat_state only)."""
+        return self._state_flats[layer]
 
     @property
     def busy_seconds(self) -> float:
@@ -222,7 +234,9 @@ class HostParamServer:
                 # clipping's coefficient (decided on the device before anything shipped): a float32, as the gate's
                 mul = 1.0 if clip_coef is None else float(clip_coef.float())
                 params = [p for _, p in self.named[layer]]
-                halves = {id(p): pair for p, pair in zip(params, zip(_views(landing, params), self._wire_views[layer]))}
+                halves = {
+                    id(p): pair for p, pair in zip(params, zip(shaped_views(landing, params), self._wire_views[layer]))
+                }
                 self.opt.step_16bit(layer, step, module, halves, mul, self.threads)
             else:
                 step_windows(self.opt, layer, step, self._windows[layer], landing, flat, wire, self.scratch, clip_coef)

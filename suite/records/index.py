@@ -181,7 +181,8 @@ class Index:
             kind = machines.measured(
                 kind, rec["metrics"], f"measured: bench-link on {machine_of(rec)}, {str(rec['finished'])[:10]}"
             )
-        if not kind.rates["host_update_ns"].source.startswith("measured"):
+        update = kind.rates.get("host_update_ns")
+        if update is None or not update.source.startswith("measured"):
             kind = self._host_update(kind)
         self._kinds[name] = kind
         return kind

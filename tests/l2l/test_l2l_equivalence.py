@@ -103,3 +103,45 @@ def test_cli_check_passes():
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("PASS")
+
+
+@pytest.mark.parametrize("stash", ["gpu", "cpu"])
+def test_the_update_on_the_device_matches_grad_accum(stash):
+    """update=device (issue 63, item 3): each layer's master and moments brought to the device, AdamW there, sent back
+    with the copy the next forward loads. In FP32 it steps the same gradient through the same kernel as the host's
+    update: bitwise on this CPU; the slots' weights after an update are the updated ones (no upload needed)."""
+    run = tiny(4, dict(stash=stash, overlap="on", update="device"), optimizer="adamw", weight_decay=0.01)
+    result = check(run, "grad_accum", steps=3)
+    assert result.passed and result.worst[1] == 0.0, result.report(top=5)
+
+
+def test_the_update_on_the_device_in_cmp_matches_amp():
+    """L2L-CMP with the update on the device steps the slots' FP32 sums of the micro-batches (never rounded to bf16)."""
+    run = tiny(4, dict(overlap="on", update="device"), method="l2l-cmp", precision="bf16", optimizer="adamw")
+    result = check(run, "amp", steps=3)
+    assert result.passed, result.report(top=5)
+
+
+def test_the_oracle_catches_a_device_update_that_is_not_sent_back(monkeypatch):
+    """The device update's state must come back to the host: drop the master's download and the updates differ."""
+    from methods.l2l import device_update
+
+    real = device_update.Shipment
+    monkeypatch.setattr(device_update, "Shipment", lambda lanes, src, dst: real(lanes, src, torch.empty_like(dst)))
+    run = tiny(4, dict(overlap="on", update="device"), optimizer="adamw")
+    assert not check(run, "grad_accum", steps=3).passed
+
+
+@pytest.mark.parametrize(
+    "kw,why",
+    [
+        (dict(options=dict(overlap="off", update="device"), optimizer="adamw"), "overlap=on"),
+        (dict(options=dict(overlap="on", update="device"), optimizer="lamb"), "optimizer=adamw"),
+        (dict(options=dict(overlap="on", update="device"), optimizer="adamw", clip_grad_norm=1.0), "clip_grad_norm=0"),
+    ],
+)
+def test_the_update_on_the_device_refuses_what_it_cannot_do(kw, why):
+    from suite.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"update=device needs {why}"):
+        build_method(tiny(2, **kw))
