@@ -95,7 +95,7 @@ bench-host-optim: $(STAMP)
 	$(PY) -m suite run bench-host-optim --profile $(HOST_OPTIM_PROFILE) $(RUN_FLAGS)
 	$(PY) -m suite run bench-l2l-host-step --profile $(L2L_STEP_PROFILE)
 
-# The GPU campaign (docs/gpu-campaign.md): STAGE=1|2|3|4|5|all, each stage one command of at most 9 minutes
+# The GPU campaign (docs/gpu-campaign.md): STAGE=1|2|3|4|5|6|7|all, each stage one command of at most 9 minutes
 # that resumes where the last call stopped. It runs on the machine's own Python and torch (CUDA): nothing is
 # installed there. DRY=1 is its CPU rehearsal at tiny shapes, in this project's virtual environment.
 STAGE ?= all

@@ -28,7 +28,7 @@ if [ "$PART" = a ]; then
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv,noheader; nproc; free -g | head -2; } | tee "$OUT/env.txt"
   step stage1 "$4" python -m suite campaign --stage 1 --budget $(( $4 - 25 )) --out ""
 fi
-if [ "$PART" = b ]; then  # the 8B unit (issue 54): bench-link, the 8-layer pair, L2L-CMP and FSDP2's offload at 8B
+if [ "$PART" = b ]; then  # the 8B unit (issues 54, 63): bench-link, L2L-CMP at 8B with AdamW on the host and on the device
   step stage6 "$4" python -m suite campaign --stage 6 --budget $(( $4 - 25 )) --out ""
 fi
 if [ "$PART" = c ]; then

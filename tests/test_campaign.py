@@ -43,8 +43,8 @@ def _dry(tmp_path, monkeypatch, numbers):
 
 @pytest.mark.slow  # make test-slow: make test stays inside its 15 minutes on a 2-core machine
 def test_dry_campaign_runs_its_stages_and_packs_their_results(tmp_path, monkeypatch):
-    """Stages 1, 5 and 6 (stages 2 to 4, the L2L tables and the benchmarks' processes, in make test-slow)."""
-    reports, names, results = _dry(tmp_path, monkeypatch, [1, 5, 6])
+    """Stages 1, 5, 6 and 7 (stages 2 to 4, the L2L tables and the benchmarks' processes, in make test-slow)."""
+    reports, names, results = _dry(tmp_path, monkeypatch, [1, 5, 6, 7])
     env = json.loads((results / "campaign" / "dry-machine" / "environment.json").read_text())
     assert env["machine"]["slug"] == "dry-machine" and env["versions"]["torch"]
     first = reports[0]
@@ -117,8 +117,8 @@ def test_rounds_of_another_methodology_are_not_resumed(tmp_path, monkeypatch):
 
 
 def test_bad_stage_and_a_gpu_stage_without_a_gpu_fail_in_one_line(capsys, monkeypatch):
-    assert cli.main(["campaign", "--stage", "7"]) == 2
-    assert "--stage '7': give one of [1, 2, 3, 4, 5, 6] or 'all'" in capsys.readouterr().err
+    assert cli.main(["campaign", "--stage", "8"]) == 2
+    assert "--stage '8': give one of [1, 2, 3, 4, 5, 6, 7] or 'all'" in capsys.readouterr().err
     monkeypatch.setattr(stage, "fingerprint", lambda: {"slug": "cpu-box", "gpu": None})
     assert cli.main(["campaign", "--stage", "2"]) == 2
     err = capsys.readouterr().err.strip()

@@ -120,15 +120,28 @@ STAGES = {
         ),
     ),
     6: Stage(
-        "Llama 3 8B on one GPU: the roofline's rates (bench-link); L2L-CMP at 8B, and at 8 of its layers beside AMP "
-        "resident, each cell 3 rounds of 2 steps in the process that built its model; FSDP2's offload at 8B, refused "
-        "by its count where its host need passes this host's",
+        "Llama 3 8B on one GPU: the roofline's rates (bench-link: the link, the host's triad and its update); L2L-CMP "
+        "at 8B with AdamW on the host and on the device (issue 63: the roofline's choice on each kind), each cell 3 "
+        "rounds of 2 steps in the process that built its model",
         sweeps=(
             Sweep("bench-link", dry_only=("block",)),
             Sweep(
                 "decoder-8b",
-                only=("8b-8l-amp", "8b-8l-l2l-cmp-cache", "8b-l2l-cmp", "8b-fsdp"),
-                dry_only=("8b-2l-amp", "8b-2l-l2l-cmp-cache", "8b-l2l-cmp"),
+                only=("8b-l2l-cmp", "8b-l2l-cmp-device"),
+                dry_only=("8b-l2l-cmp", "8b-l2l-cmp-device"),
+                dry_set=("steps=1",),
+                fresh=True,
+            ),
+        ),
+    ),
+    7: Stage(
+        "Llama 3 8B on one GPU, the rest: L2L-CMP clipped at 1.0 (its norm on the device), and at 8 of its layers "
+        "beside AMP resident; FSDP2's offload at 8B, refused by its count where its host need passes this host's",
+        sweeps=(
+            Sweep(
+                "decoder-8b",
+                only=("8b-l2l-cmp-clip", "8b-8l-amp", "8b-8l-l2l-cmp-cache", "8b-fsdp"),
+                dry_only=("8b-2l-amp", "8b-2l-l2l-cmp-cache", "8b-l2l-cmp-clip"),
                 dry_set=("steps=1",),
                 fresh=True,
             ),
