@@ -14,10 +14,10 @@ from suite.measure.flops import peak_tflops
 from suite.records.index import Index, open_index
 from suite.records.schema import machine_of, status_of
 
-NOT_PROJECTED = ("8b-amp", "7b-amp")
+NOT_PROJECTED = ("8b-amp", "7b-amp")  # past the device at full depth (counted oom): nothing to project
 # The update on the device is preferred only where its step is shorter by more than this: the roofline's floors
 # (elementwise kernels, the tail) are not fine enough to choose on less
-MARGIN = 1.05  # past the device at full depth (counted oom): nothing to project
+MARGIN = 1.05
 
 
 def rows(profile: str) -> list[Row]:
@@ -56,7 +56,14 @@ EXPERIMENT = ProjectingExperiment(
         Metric("tail_s", "in series (s)", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("elementwise_s", "of compute: non-matmul kernels (s)", "{:.3g}", ratio=False, paper=False, brief=False),
         Metric("host_ns_for_compute", "host update to keep up (ns a parameter)", "{:.3g}", ratio=False, paper=False),
-        Metric("device_update_tokens_per_s", "tokens/s, update on the device", "{:.0f}", ratio=False, paper=False),
+        Metric(
+            "device_update_tokens_per_s",
+            "tokens/s, update on the device",
+            "{:.0f}",
+            ratio=False,
+            paper=False,
+            brief=False,
+        ),
         Metric("update_best", "faster update", "{}", ratio=False, paper=False),
         Metric("reference", "measured (tokens/s)", "{:.0f}", ratio=False, paper=False),
         Metric("error", "error", "{:+.1%}", ratio=False, paper=False),
@@ -138,7 +145,7 @@ def held_to(run, metrics: dict, index: Index) -> dict:
 def device_update(run, spec: Machine) -> dict:
     """For an L2L row, its step with the update on the device (issue 63, item 3: the master and moments over the
     link), and where the update is faster on this machine kind, the device's or the host's."""
-    if run.method not in ("l2l", "l2l-cmp"):
+    if not roofline.updates_on_device(run):
         return {}
     host = roofline.project(run, spec, update="host")
     dev = roofline.project(run, spec, update="device")

@@ -148,8 +148,10 @@ def project(run, spec: Machine, sizes: list[int] | None = None, update: str | No
     w = WIRE[run.precision]
     l2l = run.method in ("l2l", "l2l-cmp")
     update = update or (opts.get("update", "host") if l2l else "host")
-    if update not in UPDATES or (update == "device" and not l2l):
-        raise ValueError(f"update={update!r}: one of {list(UPDATES)}, and 'device' for L2L only")
+    if update not in UPDATES or (update == "device" and not updates_on_device(run)):
+        raise ValueError(
+            f"update={update!r}: one of {list(UPDATES)}, and 'device' for L2L with AdamW, no gate and one rank only"
+        )
     moved = samples * run.seq_len * elementwise_bytes(run, forwards) + sum_bytes(run, n, l2l)
     if update == "device":
         moved += n * (HOST_UPDATE["adamw"] + STATE)  # AdamW in device memory, its state arriving and leaving there
@@ -166,7 +168,8 @@ def project(run, spec: Machine, sizes: list[int] | None = None, update: str | No
         if update == "device":
             # each layer's master and moments up after its backward and back after its update, with the 16-bit
             # copy the next forward loads; its gradient never leaves the device, and the host only serves copies
-            up, down = (n + again) * w + n * STATE + stash, n * (STATE + w) + stash
+            copy = n * w if run.precision != "fp32" else 0  # L2L's wire is its FP32 master, already counted
+            up, down = (n + again) * w + n * STATE + stash, n * STATE + copy + stash
             per_param = 0.0
         else:
             up, down = (n + again) * w + stash, n * w + stash
@@ -186,7 +189,7 @@ def project(run, spec: Machine, sizes: list[int] | None = None, update: str | No
             tail = sizes[0] * w / h2d_bps  # the first upload
             keep_up = forward - copies
         elif update == "device":
-            tail = sizes[0] * STATE / h2d_bps  # the embeddings' state up after their backward, then their update
+            tail = sizes[0] * STATE / d2h_bps  # the embeddings' state down after their update, the last
             keep_up = None
         else:
             first = sizes[0] + sizes[1]  # the embeddings and first block land last; the next forward needs them first
@@ -245,6 +248,22 @@ def elementwise_bytes(run, forwards: int) -> float:
     chunked = chunk_for(run.seq_len * run.micro_batch_size, m.vocab_size, m.loss_chunk) if m.family == "llama" else 0
     head = m.vocab_size * 4 * (3 + (1 if chunked else 0))
     return m.layers * block + head
+
+
+def updates_on_device(run) -> bool:
+    """Whether L2L can run `run` with update=device: its own check_config says (AdamW, overlap on, no gate, ...)."""
+    import dataclasses
+
+    from suite.config.errors import ConfigError
+    from suite.core import registry
+
+    if run.method not in ("l2l", "l2l-cmp"):
+        return False
+    try:
+        registry.get(run.method).check_config(dataclasses.replace(run, options={**run.options, "update": "device"}))
+    except ConfigError:
+        return False
+    return True
 
 
 def sum_bytes(run, n: int, l2l: bool) -> float:

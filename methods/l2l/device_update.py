@@ -47,7 +47,6 @@ class DeviceUpdate:
         k, lanes, server = self._set(layer), self.lanes, self.server
         if self.loaded[k] is not None and self.loaded[k][0] == layer:
             return
-        self.ready[layer].result()  # last step's download of this layer has landed on the host
         numel = server.flat[layer].numel()
         with lanes.on(lanes.h2d):
             lanes.wait(self.freed[k], lanes.h2d)  # the set's last download has read it
@@ -107,7 +106,7 @@ class DeviceUpdate:
         # the d2h stream runs in order: its last copy's event marks all of them; the slot's weights are read by the
         # wire's copy, so no upload may overwrite them before it (the relay's uploads wait for slot.free)
         self.freed[k] = slot.free = downs[-1].event
-        self.ready[layer] = self.pool.submit(_wait_all, downs, layer=layer)
+        self.ready[layer] = self.pool.submit(_wait_all, downs, layer=layer, landed=downs[-1].landed)
 
     def tensors(self) -> list[torch.Tensor]:
         """The device buffers the state passes through (both sets) and their step counts."""

@@ -162,14 +162,18 @@ class Shipment:
     buffer) waits for the collective and copies, exactly once.
     """
 
-    def __init__(self, lanes: Lanes, src: torch.Tensor, dst: torch.Tensor, work=None, traced: bool = False):
+    def __init__(
+        self, lanes: Lanes, src: torch.Tensor, dst: torch.Tensor, work=None, traced: bool = False, produced=None
+    ):
         self.lanes, self.src, self.dst, self.work = lanes, src, dst, work
         self.event = self.start = self.end = None  # start, end: marks of the copy when traced (CUDA)
         lanes.tally("d2h", dst)  # copied exactly once, now (CUDA) or by whichever thread needs it first (CPU)
         self._lock = threading.Lock()
         self._done = False
         if lanes.cuda:
-            produced = lanes.record()
+            # `produced`: the event after which `src` holds the gradient, where the copy is issued from another thread
+            # than the one computing it (torch's current stream is a thread's own); else that thread's stream, now
+            produced = produced or lanes.record()
             with lanes.on(lanes.d2h):
                 lanes.wait(produced, lanes.d2h)
                 if work is not None:

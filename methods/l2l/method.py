@@ -93,6 +93,7 @@ class L2L(Method):
                     ("no fp16 loss scaling", run.precision == "fp16"),
                     ("clip_grad_norm=0", run.clip_grad_norm > 0),
                     ("ranks=1", run.ranks != 1),
+                    ("host_optim=fused", opts["host_optim"] != "fused"),
                 )
                 if bad
             ]
@@ -112,6 +113,8 @@ class L2L(Method):
         pin = device.type == "cuda"
         overlap = self.opts["overlap"] == "on"
         ring = HostUpdater.ring(run, overlap) if self.opts["landing"] == "ring" else None
+        if ring is not None and ring >= model.num_layers:  # as many buffers as layers: a landing a layer, no ring
+            ring = None
         held = ring is not None and HostUpdater.clips_on_device(run, overlap)  # clipping's norm taken on the device
         on_device = self.opts["update"] == "device"
         self.server = HostParamServer(
@@ -213,8 +216,8 @@ class L2L(Method):
         # The head runs forward and backward at once: its loss is the last forward and the first backward.
         slot = relay.use(head)
         relay.zero_grad(slot)
-        self._fetch_state(head)
         relay.prefetch(head - 1)
+        self._fetch_state(head)  # behind the weights the next layer needs first, on the same copy stream
         stash.prefetch(head - 1, n)
         grads, total = [None] * n, 0.0
         with self._span("backward", head):
@@ -227,7 +230,8 @@ class L2L(Method):
                 slot.accumulate(relay.sums, u == 0)
                 grads[u] = x.grad
                 total += loss.detach()
-        slot.round_sums(relay.sums)
+        if self.device_update is None:  # the update on the device reads the FP32 sums themselves
+            slot.round_sums(relay.sums)
         self._ship(head, slot)
         # Every rank reports the global minibatch loss; the sum is collected while the backward runs.
         loss_sum = dist.all_reduce(total, group=self.group, async_op=True) if self.group is not None else None
@@ -237,8 +241,8 @@ class L2L(Method):
         for layer in range(head - 1, -1, -1):
             slot = relay.use(layer)
             relay.zero_grad(slot)
-            self._fetch_state(layer)
             relay.prefetch(layer - 1)  # the layer below uploads while this one computes
+            self._fetch_state(layer)
             stash.prefetch(layer - 1, n)
             with self._span("backward", layer):
                 for u, ctx in enumerate(ctxs):
@@ -250,7 +254,8 @@ class L2L(Method):
                     y.backward(grads[u])  # parameter gradients accumulate into the slot, in micro-batch order
                     slot.accumulate(relay.sums, u == 0)
                     grads[u] = x.grad if layer else None
-            slot.round_sums(relay.sums)
+            if self.device_update is None:
+                slot.round_sums(relay.sums)
             self._ship(layer, slot)
         stash.clear()
         if loss_sum is not None:

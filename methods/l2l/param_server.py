@@ -143,6 +143,8 @@ class HostParamServer:
             for p, g in zip(params, self.grads[i]):
                 p.grad = g
         self._windows = [cut_windows([p for _, p in named], WINDOW) for named in self.named] if self.windowed else []
+        if self.windowed and not is_fake(self.flat[0]):
+            host_commit.kernel()  # built and probed now, on this thread, not inside the first step's host work
         # each layer's wire copy as its parameters' views (the one-pass commit writes them)
         self._wire_views = [shaped_views(w, [p for _, p in named]) for w, named in zip(self.wire, self.named)]
         self._in_scratch: int | None = None  # the layer whose gradient the scratch holds, unscaled

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from methods.l2l.lanes import Lanes, Shipment, copy_into, host_buffer, zero
+from methods.l2l.lanes import Lanes, Shipment, copy_into, host_buffer, shaped_views, zero
 
 
 class Slot:
@@ -64,12 +64,13 @@ class Slot:
         that the next micro-batch's arrive in fresh tensors. No-op where autograd sums in place (FP32)."""
         if not self.fp32_sums:
             return
-        grads = [p.grad for p in self.params]
-        views, offset = [], 0
-        for g in grads:
-            views.append(sums[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-        (torch._foreach_copy_ if first else torch._foreach_add_)(views, grads)
+        views = shaped_views(sums, self.params)
+        got = [(v, p.grad) for v, p in zip(views, self.params) if p.grad is not None]
+        if got:
+            (torch._foreach_copy_ if first else torch._foreach_add_)(*map(list, zip(*got)))
+        missing = [v for v, p in zip(views, self.params) if p.grad is None]
+        if first and missing:  # a parameter this micro-batch left without a gradient sums from zero
+            torch._foreach_zero_(missing)
         for p in self.params:
             p.grad = None
 
@@ -194,7 +195,8 @@ class DeviceRelay:
         if slot.shipment is not None:
             slot.shipment.device_wait()
             slot.shipment = None
-        zero(slot.grad)
+        if not slot.fp32_sums:  # else round_sums writes it whole
+            zero(slot.grad)
 
     def ship(self, slot: Slot, dst: torch.Tensor, group=None, layer: int | None = None) -> Shipment:
         """Send the slot's accumulated gradient to host buffer `dst`, summed over ranks when `group` is set
@@ -236,6 +238,7 @@ class DeviceGradients:
             self.views.append(views)
         self.norms: list[list[torch.Tensor]] = [[] for _ in self.buffers]
         self.shipments: list[Shipment | None] = [None] * len(self.buffers)
+        self.held: list = [None] * len(self.buffers)  # per layer: the compute stream's event after its copy
 
     def hold(self, layer: int, slot: Slot) -> None:
         """Keep the slot's gradient of `layer` (queued behind its backward on the compute stream) and its norms."""
@@ -244,6 +247,7 @@ class DeviceGradients:
             last.device_wait()
             self.shipments[layer] = None
         copy_into(self.buffers[layer], slot.grad)
+        self.held[layer] = self.lanes.record()  # the download, issued from the host thread, waits for it
         self.norms[layer] = list(torch._foreach_norm(self.views[layer], 2, dtype=torch.float32))
 
     def total_norm(self) -> torch.Tensor:
@@ -252,7 +256,7 @@ class DeviceGradients:
 
     def ship(self, layer: int, dst: torch.Tensor) -> Shipment:
         """Copy the held gradient of `layer` down to host buffer `dst` (no other copy is queued on it meanwhile)."""
-        self.shipments[layer] = Shipment(self.lanes, self.buffers[layer], dst)
+        self.shipments[layer] = Shipment(self.lanes, self.buffers[layer], dst, produced=self.held[layer])
         return self.shipments[layer]
 
     def nbytes(self) -> int:

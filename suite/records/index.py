@@ -196,6 +196,7 @@ class Index:
         def usable(r: Record) -> bool:
             return (
                 status_of(r).kind == "ok"
+                and not r.get("variant")
                 and getattr(machines.of_slug(machine_of(r)), "name", None) == kind.name
                 and isinstance((r.get("metrics") or {}).get("adamw_fused_ns_per_param"), (int, float))
             )
@@ -211,7 +212,7 @@ class Index:
         m = rec["metrics"]
         where = (
             f"measured: bench-host-optim on {machine_of(rec)}, {str(rec['finished'])[:10]} (the suite's fused AdamW "
-            f"over a layer of {m['numel'] / 1e6:.1f}M parameters at {m['threads']} threads)"
+            f"over a layer of {(m.get('numel') or 0) / 1e6:.1f}M parameters at {m.get('threads')} threads)"
         )
         return machines.measured(kind, {"host_ns_per_param": m["adamw_fused_ns_per_param"]}, where)
 

@@ -145,3 +145,16 @@ def test_the_update_on_the_device_refuses_what_it_cannot_do(kw, why):
 
     with pytest.raises(ConfigError, match=f"update=device needs {why}"):
         build_method(tiny(2, **kw))
+
+
+def test_clipping_on_a_model_too_small_for_a_ring_takes_the_host_gate():
+    """With as many landing buffers as layers (one block: three layers) there is no ring, so clipping's norm is taken
+    on the host from every held landing, as before the device took it: built, and exact."""
+    import dataclasses
+
+    run = tiny(4, dict(overlap="on"), optimizer="adamw", clip_grad_norm=0.01)
+    run = dataclasses.replace(run, model=ModelConfig(layers=1)).validate()
+    method = build_method(run)
+    assert method.held is None and method.server.ring is None and method.updater.clip
+    result = check(run, "grad_accum", steps=3)
+    assert result.passed and result.worst[1] <= 1e-6, result.report(top=5)
