@@ -1,4 +1,5 @@
-"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | check METHOD | plan | campaign`."""
+"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | migrate | check METHOD | plan |
+campaign`."""
 
 from __future__ import annotations
 
@@ -117,6 +118,20 @@ def _run(args) -> int:
     records = sweep(req)
     bad = [r for r in records if r["status"] not in ("ok", "oom", "not_implemented") or contended(r["metrics"])]
     return 1 if bad and args.strict else 0
+
+
+def _migrate(args) -> int:
+    import datetime
+
+    from suite.config import paths
+    from suite.records import migrate
+
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    written = migrate.migrate(paths.RESULTS_DIR, today)
+    for path in written:
+        print(f"migrated {path}")
+    print(f"{len(written)} record(s) migrated under {paths.RESULTS_DIR}/runs")
+    return 0
 
 
 def _render(args) -> int:
@@ -289,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rd.add_argument("experiments", nargs="*", metavar="EXPERIMENT", help="experiment names (default: every one)")
     rd.set_defaults(fn=_render)
+    mg = sub.add_parser(
+        "migrate", help="rewrite the records an earlier suite wrote as this one keeps them (suite/records/migrate.py)"
+    )
+    mg.set_defaults(fn=_migrate)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
     c.add_argument("method", help="a registered method (python -m suite list)")
     c.add_argument(

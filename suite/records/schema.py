@@ -6,6 +6,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, NotRequired, TypedDict
 
 # The schema's version, saved with every record as `schema`; a record without one predates the field (version 1).
@@ -50,7 +51,8 @@ class Record(Outcome):
     finished: str  # ISO time the record was last written
     machine: NotRequired[dict[str, Any]]  # suite.measure.machine.fingerprint(); absent in records that predate it
     sweep: NotRequired[str]  # the sweep it was measured in: ratios are taken within one sweep only
-    wandb_dir: NotRequired[str | None]  # the offline W&B run of the cell, where one was written
+    wandb_dir: NotRequired[str | None]  # the offline W&B run of the cell, relative to the results folder
+    migrated: NotRequired[list]  # what the store's migrations changed (suite/records/migrate.py)
     schema: NotRequired[int]  # SCHEMA_VERSION when written; absent before the field (version 1)
     # A record made by code from an earlier result file, not by the runner: the file, its commit, what made it.
     converted_from: NotRequired[dict[str, Any]]
@@ -110,6 +112,11 @@ def _matches(value: Any, hint: Any) -> bool:
     return isinstance(value, origin or hint)
 
 
+def absolute(path: Any) -> bool:
+    """Whether a path a record holds is absolute (on any system): one machine's folder, not the results folder's."""
+    return isinstance(path, str) and (PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute())
+
+
 def problems(record: Any, shape: type = Record) -> list[str]:
     """What keeps `record` from matching `shape` (none when it matches): missing keys, wrong types, a newer schema."""
     if not isinstance(record, dict):
@@ -129,6 +136,8 @@ def problems(record: Any, shape: type = Record) -> list[str]:
             if k in metrics and metrics[k] is not None and not _matches(metrics[k], float)
         ]
     out += _config_problems(record.get("config"))
+    if absolute(record.get("wandb_dir")):
+        out.append("wandb_dir is an absolute path (a record keeps it relative to the results folder)")
     version = record.get("schema", 1)
     if isinstance(version, int) and not isinstance(version, bool) and version < 1:
         out.append(f"schema {version} is not one this suite reads (1 to {SCHEMA_VERSION})")

@@ -12,7 +12,15 @@ from pathlib import Path
 
 from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
-from suite.records.schema import FINISHED, SCHEMA_VERSION, Record, newer, problems  # noqa: F401 (FINISHED: here too)
+from suite.records import migrate
+from suite.records.schema import (  # noqa: F401 (FINISHED: here too)
+    FINISHED,
+    SCHEMA_VERSION,
+    Record,
+    absolute,
+    newer,
+    problems,
+)
 
 
 def run_path(results_dir: Path, key: str, machine: str) -> Path:
@@ -41,6 +49,8 @@ def read(path: Path, warn: Callable[[str], None] = print, once_: bool = True) ->
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         say(path, f"warning: {path} is not a readable record ({type(exc).__name__}: {exc}); measured again")
         return None
+    if root := migrate.results_root(path):
+        migrate.upgrade(rec, root)  # what `python -m suite migrate` would rewrite, read as it would be
     if newer(rec):
         say(path, f"warning: {path} was written by a newer suite (schema {rec['schema']}, this one reads up "
               f"to {SCHEMA_VERSION}): left untouched, not read")  # fmt: skip
@@ -59,6 +69,8 @@ def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
     record of another sweep that this one replaces is kept under EARLIER (the index's `kept`)."""
     global saves
     record = {**record, "schema": SCHEMA_VERSION}
+    if absolute(record.get("wandb_dir")):
+        raise ValueError(f"record {key}: its wandb_dir is absolute; a record keeps it relative to the results folder")
     path = run_path(results_dir, key, machine)
     try:
         _keep_earlier(path, record.get("sweep"))

@@ -83,13 +83,14 @@ def folder(results_dir: Path | str) -> str:
 
 def stored_path(run_dir: str | None, results_dir: Path | str) -> str | None:
     """A run's folder as a record keeps it: relative to the results folder where it lies inside it (the record
-    reads the same in any clone or machine), else as it is (a WANDB_DIR elsewhere)."""
+    reads the same in any clone or machine), else None (a WANDB_DIR elsewhere names a folder of this machine only;
+    the run's W&B id, from its machine and key, finds it)."""
     if run_dir is None:
         return None
     try:
         return str(Path(run_dir).resolve().relative_to(Path(results_dir).resolve()))
     except ValueError:
-        return run_dir
+        return None
 
 
 def run_path(record: dict, results_dir: Path | str) -> Path | None:
