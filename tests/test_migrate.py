@@ -47,3 +47,13 @@ def test_an_unmigrated_record_reads_as_a_migrated_one_and_none_is_saved_absolute
         store.save(results, "d", "m", {**BASE, "key": "d", "wandb_dir": "/elsewhere/offline-run-4"})
     assert tracking.stored_path("/elsewhere/offline-run-4", results) is None
     assert tracking.stored_path(str(results / "wandb" / "x"), results) == "wandb/x"
+
+
+def test_no_committed_record_holds_an_absolute_path():
+    from pathlib import Path
+
+    from suite.records.schema import absolute
+
+    root = Path(__file__).resolve().parent.parent / "results" / "runs"
+    held = [p for p in root.rglob("*.json") if absolute(json.loads(p.read_text()).get("wandb_dir"))]
+    assert not held, held[:3]
