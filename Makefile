@@ -73,8 +73,17 @@ test-cuda: $(STAMP)
 	$(PY) -m pytest -q -m cuda
 
 # The microbenchmarks (pytest-benchmark), then the harness's overhead against plain Hugging Face: results/bench-overhead.md.
+# The micro-benchmarks remember: each run saved under results/benchmarks/<this machine's slug>/ and compared with the
+# last run saved there, failing where a median is more than BENCH_FAIL percent slower (docs/measuring.md says why
+# that bound). BENCH_FAIL=off saves without comparing.
+BENCH_FAIL ?= 30
+BENCH_STORE = results/benchmarks/$(shell PYTHONPATH=. $(PY) -c "from suite.measure.machine import fingerprint; print(fingerprint()['slug'])")
 bench: $(STAMP)
-	$(PY) -m pytest -q --benchmark-only -m "not cuda"
+	@store=$(BENCH_STORE); compare=; \
+	if [ "$(BENCH_FAIL)" != off ] && ls $$store/*/*.json >/dev/null 2>&1; then \
+	  compare="--benchmark-compare --benchmark-compare-fail=median:$(BENCH_FAIL)%"; \
+	else echo "bench: no earlier run saved in $$store (or BENCH_FAIL=off): this run is saved, not compared"; fi; \
+	set -x; $(PY) -m pytest -q --benchmark-only -m "not cuda" --benchmark-storage=file://$$store --benchmark-autosave $$compare
 	$(PY) -m suite run bench-overhead --profile $(PROFILE) $(RUN_FLAGS)
 
 # ns/param of L2L's host update (fused LAMB and AdamW) against torch's fused/foreach AdamW and DeepSpeed's CPU

@@ -42,6 +42,23 @@ def test_host_update_per_parameter(benchmark, bert_base, optimizer):
     _per_parameter(benchmark, server.flat[BLOCK].numel())
 
 
+def test_cmp_commit_per_parameter(benchmark, bert_base):
+    """L2L-CMP's host commit of a landed bf16 gradient as the param server runs it applied as it lands: the one-pass
+    kernel where it gives torch's bits here, else the windowed path (the record's extra_info says which)."""
+    from suite.harness import host_commit
+
+    run = RunConfig(method="l2l-cmp", precision="bf16", optimizer="adamw", weight_decay=0.01)
+    server = HostParamServer(bert_base, run, torch.bfloat16, ring=1)
+    landing = server.landing_for(BLOCK)
+    landing.copy_(torch.randn(landing.shape))
+    before = server.wire[BLOCK].clone()
+    off = type("Off", (), {"enabled": False})()  # no loss scaling (bf16)
+    benchmark(server.commit, BLOCK, 0, off)
+    assert server.windowed and not torch.equal(before, server.wire[BLOCK])
+    benchmark.extra_info["path"] = host_commit.status()
+    _per_parameter(benchmark, server.flat[BLOCK].numel())
+
+
 def test_torch_fused_cpu_adamw_per_parameter(benchmark, bert_base):
     params = [torch.nn.Parameter(p.detach().clone()) for p in bert_base.layers[BLOCK].parameters()]
     for p in params:
