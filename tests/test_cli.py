@@ -119,6 +119,17 @@ def test_a_subcommand_names_its_own_unknown_arguments_and_help_lists_every_comma
     assert "campaign" in capsys.readouterr().out.split("positional arguments")[0]
 
 
+def test_an_option_is_taken_by_its_whole_name_only(capsys):
+    """argparse's prefix matching took `--profil tiny` for `--profile` (issue 65): refused, with the nearest option."""
+    with pytest.raises(SystemExit):
+        main(["run", "table2", "--profil", "tiny"])
+    err = capsys.readouterr().err
+    assert "python -m suite run: error: unrecognized arguments: --profil (did you mean --profile?) tiny" in err
+    with pytest.raises(SystemExit):
+        main(["campaign", "--stag", "1"])
+    assert "--stag (did you mean --stage?)" in capsys.readouterr().err
+
+
 def test_a_method_without_a_docstring_says_so_in_the_list(monkeypatch, capsys):
     from suite.core import registry
 

@@ -195,3 +195,16 @@ def test_a_folder_of_wandb_runs_on_the_path_is_not_the_library(monkeypatch, caps
     monkeypatch.setattr(tracking, "_warned_missing", False)
     assert not tracking.installed()
     assert "an empty `wandb` folder on the path is W&B's runs" in capsys.readouterr().err
+
+
+def test_the_sync_hint_quotes_its_folder_as_a_shell_takes_it(tmp_path, monkeypatch):
+    """A results folder with a space in its name: the printed `wandb sync` runs as pasted (issue 65)."""
+    import shlex
+
+    from suite.records import tracking
+
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    line = tracking.said("offline", tmp_path / "my results", 2)
+    command = line.split("to upload them: ")[1]
+    assert shlex.split(command)[:2] == ["wandb", "sync"] and len(shlex.split(command)) == 3
+    assert shlex.split(command)[2] == f"{tmp_path / 'my results' / 'wandb' / 'wandb'}/offline-run-*"

@@ -226,7 +226,7 @@ def _node_options(p: argparse.ArgumentParser, node_rank: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from suite.config.run import MEASURES
 
-    p = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m suite", description=__doc__, allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="methods, experiments and profiles").set_defaults(fn=_list)
     r = sub.add_parser("run", help="run (or resume) an experiment and write its tables")
@@ -401,12 +401,36 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout = stdout
 
 
+def _no_abbreviations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser` and every command's parser taking an option only by its whole name: argparse's prefix matching took
+    `--profil tiny` for `--profile` (issue 65), where every other misspelling is refused and named."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _no_abbreviations(sub)
+    return parser
+
+
+def _unknown(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """The unrecognized arguments, each option with the command's nearest one where there is one."""
+    import difflib
+
+    options = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    said = []
+    for token in extra:
+        near = difflib.get_close_matches(token.split("=")[0], options, n=1) if token.startswith("--") else []
+        said.append(f"{token} (did you mean {near[0]}?)" if near else token)
+    return " ".join(said)
+
+
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = _no_abbreviations(build_parser())
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command they were given to, with its usage, not the top level's
         args.command_parser.error(
-            f"unrecognized arguments: {' '.join(extra)} (python -m suite {args.command} --help lists its options)"
+            f"unrecognized arguments: {_unknown(args.command_parser, extra)} "
+            f"(python -m suite {args.command} --help lists its options)"
         )
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
     # SIGTERM ends a run as Ctrl-C does (its cells killed, its finished rounds kept); neither inside a child's wait

@@ -7,6 +7,7 @@ import json
 import netrc
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -106,7 +107,10 @@ def said(mode: str, results_dir: Path | str, runs: int) -> str | None:
     if mode == "online":
         return f"W&B: {runs} run(s) logged to project {PROJECT}"
     where = Path(folder(results_dir)) / "wandb"  # W&B keeps its runs in a `wandb` folder of the folder it is given
-    return f"W&B: {runs} offline run(s) under {where}; to upload them: wandb sync {where}/offline-run-*"
+    # quoted as a shell takes it (a folder with a space pasted as it is would be two arguments), its glob left open
+    return (
+        f"W&B: {runs} offline run(s) under {where}; to upload them: wandb sync {shlex.quote(str(where))}/offline-run-*"
+    )
 
 
 @contextlib.contextmanager
