@@ -17,6 +17,7 @@ import torch
 
 from methods.l2l.lanes import Shipment, copy_into, shaped_views
 from methods.l2l.updates import _done
+from suite.harness.optim import fused_adamw, group_hyper
 
 
 class DeviceUpdate:
@@ -75,23 +76,13 @@ class DeviceUpdate:
                 continue
             count = self.steps[k]
             count.fill_(float(self.counts[layer]))  # as the host's step counts hold it (no data read back)
-            beta1, beta2 = g["betas"]
-            torch._fused_adamw_(
+            fused_adamw(
                 [master_v[i] for i in mine],
                 [grads[i] for i in mine],
                 [m_v[i] for i in mine],
                 [v_v[i] for i in mine],
-                [],
                 [count] * len(mine),
-                amsgrad=False,
-                lr=g["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                weight_decay=g["weight_decay"],
-                eps=g["eps"],
-                maximize=False,
-                grad_scale=None,
-                found_inf=None,
+                **{**group_hyper(g), "maximize": False},
             )
         copy_into(slot.flat, master)  # the slot holds the updated layer (rounded to the wire's dtype)
         # down: the master, the moments and the wire copy the next forward uploads

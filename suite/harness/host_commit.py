@@ -15,6 +15,7 @@ import os
 import torch
 
 from suite.harness import fused_lamb
+from suite.harness.optim import fused_adamw
 
 UNIT = 16  # torch's fused AdamW runs its vector loop over whole units of 16 elements; the rest is the tensor's tail
 _asked = [False]
@@ -73,20 +74,7 @@ def probe(module, steps: int = 3) -> bool:
         mul = torch.tensor(1.0 if k == 1 else 0.37, dtype=torch.float32)
         for p, g, wd in zip(theirs, grads, decays):
             m, v = state[id(p)]
-            torch._fused_adamw_(
-                [p],
-                [g.float() * mul],
-                [m],
-                [v],
-                [],
-                [step],
-                amsgrad=False,
-                weight_decay=wd,
-                maximize=False,
-                grad_scale=None,
-                found_inf=None,
-                **hyper,
-            )
+            fused_adamw([p], [g.float() * mul], [m], [v], [step], weight_decay=wd, **hyper)
         step_16bit(
             module,
             ours,
@@ -132,23 +120,10 @@ def step_16bit(
         g = grads[i].view(-1)[lo:].float()
         if grad_mul != 1.0:
             g.mul_(torch.tensor(grad_mul, dtype=torch.float32))
-        torch._fused_adamw_(
-            [p],
-            [g],
-            [exp_avgs[i].view(-1)[lo:]],
-            [exp_avg_sqs[i].view(-1)[lo:]],
-            [],
-            [step],
-            amsgrad=False,
-            lr=lr,
-            beta1=beta1,
-            beta2=beta2,
-            weight_decay=decays[i],
-            eps=eps,
-            maximize=False,
-            grad_scale=None,
-            found_inf=None,
-        )
+        fused_adamw(
+            [p], [g], [exp_avgs[i].view(-1)[lo:]], [exp_avg_sqs[i].view(-1)[lo:]], [step],
+            lr=lr, beta1=beta1, beta2=beta2, weight_decay=decays[i], eps=eps,
+        )  # fmt: skip
         copies[i].view(-1)[lo:].copy_(p)
 
 

@@ -22,6 +22,37 @@ IMPLS = ("fused", "foreach")  # the optimizers' kernels: fused where the tensors
 WINDOW_ALIGN = 4096
 
 
+def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, weight_decay, eps, maximize=False):
+    """torch's fused AdamW over lists of tensors (no AMSGrad, no gradient scaler): the one call every partial step of
+    the suite makes (a window, a tail, a layer on the device, the one-pass kernel's probe)."""
+    torch._fused_adamw_(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        amsgrad=False,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=weight_decay,
+        eps=eps,
+        maximize=maximize,
+        grad_scale=None,
+        found_inf=None,
+    )
+
+
+def group_hyper(group: dict) -> dict:
+    """An AdamW param group's hyperparameters as fused_adamw takes them."""
+    beta1, beta2 = group["betas"]
+    return dict(
+        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+        maximize=group.get("maximize", False),
+    )  # fmt: skip
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al., 2019): Adam's direction with a per-tensor trust ratio ||w|| / ||update||.
 
@@ -282,23 +313,13 @@ class LayerwiseOptimizer:
             if not part:
                 continue
             state = [opt.state[p] for p, *_ in part]
-            beta1, beta2 = g["betas"]
-            torch._fused_adamw_(
+            fused_adamw(
                 [p.detach().view(-1)[a:b] for p, a, b, _ in part],
                 [grad for *_, grad in part],
                 [s["exp_avg"].view(-1)[a:b] for s, (_, a, b, _) in zip(state, part)],
                 [s["exp_avg_sq"].view(-1)[a:b] for s, (_, a, b, _) in zip(state, part)],
-                [],
                 [s["step"] for s in state],
-                amsgrad=False,
-                lr=g["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                weight_decay=g["weight_decay"],
-                eps=g["eps"],
-                maximize=g["maximize"],
-                grad_scale=None,
-                found_inf=None,
+                **group_hyper(g),
             )
 
     @torch.no_grad()
