@@ -17,7 +17,7 @@ import torch
 
 from methods.l2l.lanes import Shipment, copy_into, shaped_views
 from methods.l2l.updates import _done
-from suite.harness.optim import fused_adamw, group_hyper
+from suite.harness.adamw import fused_adamw, group_hyper
 
 
 class DeviceUpdate:

@@ -15,7 +15,7 @@ import os
 import torch
 
 from suite.harness import fused_lamb
-from suite.harness.optim import fused_adamw
+from suite.harness.adamw import fused_adamw
 
 UNIT = 16  # torch's fused AdamW runs its vector loop over whole units of 16 elements; the rest is the tensor's tail
 _asked = [False]

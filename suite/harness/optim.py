@@ -14,43 +14,13 @@ except ImportError:  # a torch without distributed: no sharded tensors to refuse
     DTensor = ()
 
 from suite.harness import fused_lamb
+from suite.harness.adamw import fused_adamw, group_hyper
 from suite.harness.device import is_fake
 
 IMPLS = ("fused", "foreach")  # the optimizers' kernels: fused where the tensors allow, else torch's foreach ops
 # Where a window of a step by step_window may start, from its parameter's start: a multiple of every CPU vector
 # width (and of torch's 16-float task units), so that torch's fused AdamW gives each element the same bits.
 WINDOW_ALIGN = 4096
-
-
-def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, weight_decay, eps, maximize=False):
-    """torch's fused AdamW over lists of tensors (no AMSGrad, no gradient scaler): the one call every partial step of
-    the suite makes (a window, a tail, a layer on the device, the one-pass kernel's probe)."""
-    torch._fused_adamw_(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        [],
-        steps,
-        amsgrad=False,
-        lr=lr,
-        beta1=beta1,
-        beta2=beta2,
-        weight_decay=weight_decay,
-        eps=eps,
-        maximize=maximize,
-        grad_scale=None,
-        found_inf=None,
-    )
-
-
-def group_hyper(group: dict) -> dict:
-    """An AdamW param group's hyperparameters as fused_adamw takes them."""
-    beta1, beta2 = group["betas"]
-    return dict(
-        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-        maximize=group.get("maximize", False),
-    )  # fmt: skip
 
 
 class Lamb(torch.optim.Optimizer):
