@@ -185,7 +185,7 @@ def test_a_one_round_rate_is_marked_in_the_status_column_beside_its_ratio(tmp_pa
         cols, rows = tables.table_rows(exp, cells, records)
         status = dict((r[0], r[cols.index("status")]) for r in rows)
         assert ("1 timing round (fewer than 3: provisional)" in status["l2l-cmp-u2"]) == marked, status["l2l-cmp-u2"]
-        briefs = dict(zip((c.row.name for c in cells), tables._briefs(exp, cells, records)))
+        briefs = dict(zip((c.row.name for c in cells), tables.briefs(exp, cells, records)))
         assert ("1 timing round" in briefs["amp-rc-u2"]) == marked
 
 

@@ -52,10 +52,10 @@ def render(spec: dict, results_dir: Path, page: Path) -> str:
     if not found:
         raise ConfigError(f"{page.name}: excerpt of {exp.name}: no section titled {spec['section']!r}")
     title, cells, records = found[0]
-    cols = tables.columns(exp, tables.has_flops(records), tables.has_busy(records), tables._units(exp, cells, records))
+    cols = tables.columns(exp, tables.has_flops(records), tables.has_busy(records), tables.units(exp, cells, records))
     names = [c.name for c in cols]
     _, rows = tables.table_rows(exp, cells, records)
-    briefs = tables._briefs(exp, cells, records)
+    briefs = tables.briefs(exp, cells, records)
     want = spec.get("rows") or [c.row.name for c in cells]
     by_row = {c.row.name: i for i, c in enumerate(cells)}
     missing = [r for r in want if r not in by_row] + [c for c in spec.get("columns", []) if c not in names]

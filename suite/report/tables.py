@@ -108,7 +108,7 @@ def _yes_no(x: Any) -> str:
     return "—" if x is None else ("yes" if x else "no")
 
 
-def _words(label: str) -> str:
+def words(label: str) -> str:
     """A metric's label without its unit: "throughput (samples/s)" -> "throughput"."""
     return re.sub(r"\s*\([^)]*\)$", "", label)
 
@@ -152,7 +152,7 @@ def columns(exp, flops: bool = False, busy: bool = False, units: dict[str, str] 
                 )
             )
         if m.ratio:
-            ratio = f"{_words(m.label)} ratio to {exp.baseline}"
+            ratio = f"{words(m.label)} ratio to {exp.baseline}"
             cols.append(Column(f"{m.key} x{exp.baseline} ours", f"{ratio}, ours", _ratio, m.brief))
             if timed:
                 cols.append(Column(f"{m.key} x{exp.baseline} within noise", "within noise", _yes_no))
@@ -403,13 +403,13 @@ def _machine_line(records) -> str:
     )
 
 
-def _briefs(exp, cells, records: list[Record | None]) -> list[str]:
+def briefs(exp, cells, records: list[Record | None]) -> list[str]:
     """Each row's status as the compact table shows it (its flags' names; _status)."""
     base = next((r for c, r in zip(cells, records) if c.row.name == exp.baseline), None)
     return [_status(c, r, (r or {}).get("reference") or base, metrics_of(r))[1] for c, r in zip(cells, records)]
 
 
-def _units(exp, cells, records: list[Record | None]) -> dict[str, str]:
+def units(exp, cells, records: list[Record | None]) -> dict[str, str]:
     """The one unit of each size metric in a section (size_unit over ours and the paper's values)."""
     return {
         m.key: size_unit([metrics_of(r).get(m.key) for r in records] + [c.row.paper.get(m.key) for c in cells])
@@ -479,22 +479,27 @@ def _notes(exp, records: list[Record | None]) -> list[str]:
     return notes
 
 
+def section_head(exp, cells, records: list[Record | None], cols: list[Column], rows: list[list[Any]]) -> list[str]:
+    """A section's lead, as its page and its W&B report show it: the machine line, the compact table and the note on
+    what its ratios are to."""
+    machine = _machine_line(records)
+    if has_flops(records):
+        peaks = sorted({metrics_of(r).get("peak_of") for r in records if "model_tflops" in metrics_of(r)} - {None})
+        machine += f" MFU against the dense peak of {'; '.join(peaks) or 'the device'}."
+    md = [machine, "", *compact_table(exp, cols, rows, briefs(exp, cells, records)), ""]
+    note = _sweep_note(exp, cells, records)
+    return md + ([note, ""] if note else [])
+
+
 def render(exp, cells, records: list[Record | None], title: str) -> tuple[str, str, list[str]]:
     """Markdown and CSV text of one section of an experiment's table (its compact table, then every column, the
     counted memory and the provenance folded), and the notes on reading it that the page says once (_notes)."""
     flops, busy = has_flops(records), has_busy(records)
-    cols = columns(exp, flops, busy, _units(exp, cells, records))
+    cols = columns(exp, flops, busy, units(exp, cells, records))
     _, rows = table_rows(exp, cells, records)
     buf = io.StringIO()
     csv.writer(buf).writerows([[c.name for c in cols], *[[("" if v is None else v) for v in r] for r in rows]])
-    machine = _machine_line(records)
-    if flops:
-        peaks = sorted({metrics_of(r).get("peak_of") for r in records if "model_tflops" in metrics_of(r)} - {None})
-        machine += f" MFU against the dense peak of {'; '.join(peaks) or 'the device'}."
-    md = [f"## {title}", "", machine, "", *compact_table(exp, cols, rows, _briefs(exp, cells, records)), ""]
-    note = _sweep_note(exp, cells, records)
-    if note:
-        md += [note, ""]
+    md = [f"## {title}", "", *section_head(exp, cells, records, cols, rows)]
     md += contended_note(exp, cells, records)
     md += reference_note(exp, cells, records)
     md += exp.detail(cells, records) if exp.detail is not None else []
