@@ -20,7 +20,7 @@ from suite.core import process, registry
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
 from suite.core.worker_client import close_shared_worker
-from suite.records import store
+from suite.records import store, tracking
 from suite.records.index import Index
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -362,12 +362,32 @@ def test_wandb_writes_under_the_results_folder_and_nowhere_else(tmp_path, monkey
                        rounds=1)  # fmt: skip
     said = []
     (rec,) = sweep(req, progress=said.append)
-    # kept relative to the results folder: the record reads the same in any clone
-    assert rec["status"] == "ok" and rec["wandb_dir"].startswith("wandb/wandb/offline-run-"), rec["wandb_dir"]
+    # found by its id (machine and key), not by a path in the record: the record reads the same in any clone
+    assert rec["status"] == "ok" and "wandb_dir" not in rec
+    assert list(tracking.offline_runs(results / "wandb", tracking.run_id(rec))), "no run under the record's id"
     runs = results / "wandb" / "wandb"
-    assert f"W&B: 1 offline run(s) under {runs}; to upload them: wandb sync {runs}/offline-run-*" in said[-1], said
+    assert f"W&B: 1 offline run(s) under {runs}; to upload them: wandb sync {runs}/offline-run-*" in said, said
     assert list((results / "wandb").glob("wandb/offline-run-*")), "no offline runs in the results folder"
     assert not list(cwd.iterdir()) and not list(home.rglob("*wandb*")), (list(cwd.iterdir()), list(home.rglob("*")))
+
+
+def test_a_sweep_whose_wandb_fails_keeps_every_record_and_says_so(tmp_path, monkeypatch):
+    """W&B is written at the sweep's end from the saved records: a W&B that refuses every run loses none of them,
+    and the sweep says how many it did not take and why."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+
+    def refuses(run, mode, dir=None):
+        raise RuntimeError("no W&B here")
+
+    monkeypatch.setattr(tracking, "log_run", refuses)
+    req = SweepRequest(make_experiment([Row("a", "grad_accum")]), "tiny", results_dir=tmp_path, wandb_mode="offline",
+                       rounds=1)  # fmt: skip
+    said = []
+    (rec,) = sweep(req, progress=said.append)
+    assert rec["status"] == "ok" and Index(tmp_path).cell(rec["key"], rec["machine"]["slug"])["status"] == "ok"
+    line = next(x for x in said if "not written" in x)
+    assert "W&B: 1 run(s) not written (" in line and "RuntimeError: no W&B here" in line, said
 
 
 def test_an_unreachable_wandb_is_waited_for_once_for_a_bounded_time_then_runs_go_offline(tmp_path, monkeypatch):
@@ -376,8 +396,6 @@ def test_an_unreachable_wandb_is_waited_for_once_for_a_bounded_time_then_runs_go
     import time
 
     pytest.importorskip("wandb")
-    from suite.records import tracking
-
     silent = socket.socket()  # accepts connections, never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)
@@ -391,8 +409,9 @@ def test_an_unreachable_wandb_is_waited_for_once_for_a_bounded_time_then_runs_go
     try:
         for row in ("a", "b"):
             started = time.time()
-            run_dir = tracking.log_cell(experiment="x", row=row, method="m", config={}, provenance={}, summary={},
-                                        status="ok", mode="online")  # fmt: skip
+            run = tracking.RunPayload(rid=f"x-{row}", name=f"x/{row}", group="x", job_type="m", tags=[], config={},
+                                      summary={"status": "ok"})  # fmt: skip
+            run_dir = tracking.log_run(run, mode="online")
             took.append(time.time() - started)
             assert "offline-run" in run_dir
     finally:

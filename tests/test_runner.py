@@ -100,7 +100,7 @@ def test_an_ok_cell_leaves_an_offline_wandb_run(tmp_path, wandb_sandbox):
     # what a comparison filters on: the machine, the sweep, the commit, and whether the machine was busy
     assert back["config"]["machine"] == ok["machine"]["slug"] and back["config"]["sweep"] == ok["sweep"]
     assert back["config"]["commit"] == ok["provenance"]["commit"]
-    assert back["config"]["contended"] == ok["metrics"]["contention"]["contended"]
+    assert back["summary"]["contended"] == ok["metrics"]["contention"]["contended"]
     # one table run for the sweep, with its config; a call that measures nothing adds none
     runs = tracking.run_path(ok, tmp_path).parent  # where this process's W&B puts its offline runs
     tables = sorted(runs.glob(f"*run-*-table-runner-test-{ok['sweep']}"))

@@ -51,18 +51,17 @@ def runs(tmp_path_factory):
         _isolate(mp, root)
         _teardown_wandb()
         try:
-            cell = tracking.log_cell(
-                experiment="exp1",
-                row="r1",
-                method="adamw",
-                config=CONFIG,
-                provenance=PROVENANCE,
-                summary=SUMMARY,
-                status="ok",
-                mode="offline",
-                dir=str(root / "out"),
+            run = tracking.RunPayload(
+                rid="exp1-r1",
+                name="exp1/r1",
+                group="exp1",
+                job_type="adamw",
+                tags=["method:adamw", "measured"],
+                config={**CONFIG, "provenance": PROVENANCE},
+                summary={**SUMMARY, "status": "ok"},
                 history=HISTORY,
             )
+            cell = tracking.log_run(run, mode="offline", dir=str(root / "out"))
             table = tracking.log_table(
                 experiment="exp1",
                 columns=["row", "method", "loss"],
@@ -96,7 +95,7 @@ def test_cell_round_trip(runs):
     assert cell is not None and Path(cell).parent.parent == root / "out"
     assert len(list(Path(cell).glob("run-*.wandb"))) == 1
     got = tracking.read_offline_run(cell)
-    assert got["config"] == {**CONFIG, "provenance": PROVENANCE, "row": "r1", "experiment": "exp1"}
+    assert got["config"] == {**CONFIG, "provenance": PROVENANCE}
     # NaN and None are recorded as null, which the reader's summary view omits; W&B keeps each history key's
     # last value in the summary as well.
     last = {"dev/accuracy": 75, "epoch": 1, "train/loss": 0.5, "train/lr": 5e-06, "train/samples_per_s": 120.5}
@@ -120,12 +119,14 @@ def test_cell_run_identity(runs):
         env={**os.environ, "WANDB_MODE": "offline"},
     )
     run = next(r["run"] for r in map(json.loads, out.stdout.splitlines()) if r["type"] == "run")
-    assert (run["project"], run["run_group"], run["job_type"], run["display_name"]) == (
+    assert (run["project"], run["run_group"], run["job_type"], run["display_name"], run["run_id"]) == (
         tracking.PROJECT,
         "exp1",
         "adamw",
         "exp1/r1",
+        "exp1-r1",
     )
+    assert run["tags"] == ["method:adamw", "measured"]
 
 
 def test_table_recorded(runs):
@@ -149,7 +150,8 @@ def test_everything_stays_in_the_given_dirs(runs):
 def test_off_writes_nothing(env):
     out = env / "off"
     kw = dict(experiment="e", mode="off", dir=str(out))
-    assert tracking.log_cell(row="r", method="m", config={}, provenance={}, summary={}, status="ok", **kw) is None
+    run = tracking.RunPayload(rid="r", name="e/r", group="e", job_type="m", tags=[], config={}, summary={})
+    assert tracking.log_run(run, mode="off", dir=str(out)) is None
     assert tracking.log_table(columns=["a"], rows=[[1]], **kw) is None
     assert not out.exists() and sorted(p.name for p in env.iterdir()) == []
 

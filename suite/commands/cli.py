@@ -1,5 +1,5 @@
-"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | migrate | check METHOD | plan |
-campaign`."""
+"""Command line: `python -m suite list | run EXPERIMENT | render [EXPERIMENT ...] | migrate | wandb | check METHOD |
+plan | campaign`."""
 
 from __future__ import annotations
 
@@ -131,6 +131,34 @@ def _migrate(args) -> int:
     for path in written:
         print(f"migrated {path}")
     print(f"{len(written)} record(s) migrated under {paths.RESULTS_DIR}/runs")
+    return 0
+
+
+def _wandb(args) -> int:
+    from suite.config import paths
+    from suite.core.experiment import get_experiment
+    from suite.records import tracking
+    from suite.records.schema import machine_of
+    from suite.report.wandb_export import export
+
+    exps = [get_experiment(n) for n in args.experiments]  # every name checked before anything is written
+    mode = tracking.resolve_mode(None if args.mode == "auto" else args.mode)
+    if mode == "off":
+        raise ConfigError("--mode off: nothing to export; give offline, online or auto (online where a key is set)")
+    if not tracking.installed():
+        raise ConfigError("the wandb library is not installed here: `make setup` installs it (pip install wandb)")
+
+    def chosen(rec) -> bool:
+        return (
+            (args.machine is None or machine_of(rec).startswith(args.machine))
+            and (args.profile is None or rec.get("profile") == args.profile)
+            and (args.sweep is None or rec.get("sweep") == args.sweep)
+        )
+
+    done = export(paths.RESULTS_DIR, mode, exps or None, chosen, force=args.force,
+                  reports=not args.no_reports)  # fmt: skip
+    if not done.chosen:
+        print("no record matches; `python -m suite list` names the experiments, results/runs/ the machines")
     return 0
 
 
@@ -308,6 +336,22 @@ def build_parser() -> argparse.ArgumentParser:
         "migrate", help="rewrite the records an earlier suite wrote as this one keeps them (suite/records/migrate.py)"
     )
     mg.set_defaults(fn=_migrate)
+    wb = sub.add_parser(
+        "wandb", help="log the records of results/runs/ as W&B runs, and a report per table (docs/wandb.md)"
+    )
+    wb.add_argument("experiments", nargs="*", metavar="EXPERIMENT", help="experiment names (default: every one)")
+    wb.add_argument("--machine", metavar="SLUG", help="only records of machines whose slug starts with this")
+    wb.add_argument("--profile", choices=("tiny", "small", "paper"), help="only records of this profile")
+    wb.add_argument("--sweep", metavar="ID", help="only records of this sweep (a table's `sweep` column)")
+    wb.add_argument(
+        "--mode",
+        default="auto",
+        choices=("auto", "offline", "online", "off"),
+        help="auto (default): online where an API key is configured, else offline (WANDB_MODE is honoured)",
+    )
+    wb.add_argument("--force", action="store_true", help="write every run again, even one unchanged since the last")
+    wb.add_argument("--no-reports", action="store_true", help="write the runs only, no report definitions")
+    wb.set_defaults(fn=_wandb)
     c = sub.add_parser("check", help="equivalence of a method against a reference, tensor by tensor")
     c.add_argument("method", help="a registered method (python -m suite list)")
     c.add_argument(

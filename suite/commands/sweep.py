@@ -16,6 +16,7 @@ from suite.records import tracking
 from suite.records.index import open_index
 from suite.records.schema import Record
 from suite.report import tables
+from suite.report.wandb_export import export
 
 
 def sweep(req: SweepRequest, progress=print) -> list[Record]:
@@ -42,10 +43,14 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
     # what this call measured or saved anew (never by the clock: a record finished in the second this call started
     # is not this call's; a second sweep at once reused it and logged its table again)
     fresh = [r for r in records if r.get("sweep") and _stamp(r) not in before]
-    if line := tracking.said(req.wandb_mode, req.results_dir, sum(bool(r.get("wandb_dir")) for r in fresh)):
-        progress(line)
-    if not fresh:  # nothing measured by this call: its table run would repeat the sweep's own
+    if not fresh:  # nothing measured by this call: its runs and its table run would repeat the sweep's own
         return records
+    ids = {tracking.run_id(r) for r in fresh}
+    try:  # each record this call saved, as `suite wandb` exports it, with its row's ratios and marks
+        export(req.results_dir, req.wandb_mode, [exp], where=lambda r: tracking.run_id(r) in ids,
+               progress=progress, warn=lambda _: None)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 — the records and tables are on disk; W&B must not fail the sweep
+        progress(f"W&B logging failed: {exc} (the records stand; `{paths.DOCUMENTED_SUITE} wandb` logs them later)")
     cols, rows = tables.table_rows(exp, cells, records)
     prov = fresh[-1].get("provenance") or {}
     config = {
@@ -58,13 +63,15 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
         "baseline": exp.baseline,
         "rounds": req.rounds,
         "base": exp.base(cells[0].profile),
-        "contended": [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})],
+        "contended_rows": [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})],
     }
     try:
-        tracking.log_table(
+        table = tracking.log_table(
             experiment=exp.name, columns=cols, rows=rows, mode=req.wandb_mode, config=config,
             dir=tracking.folder(req.results_dir),
         )  # fmt: skip
+        if table is not None:  # counted apart from the records' runs: the console counts every run it wrote
+            progress(f"W&B: and one run of the sweep's table ({Path(table).name})")
     except Exception as exc:  # noqa: BLE001 — the table is already on disk; W&B must not fail the sweep
         progress(f"W&B table logging failed: {exc}")
     return records

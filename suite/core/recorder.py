@@ -1,5 +1,4 @@
-"""The one place a sweep saves a record: an outcome labelled with its cell, machine and sweep, logged to W&B when
-final."""
+"""The one place a sweep saves a record: an outcome labelled with its cell, machine and sweep."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from suite.core.experiment import Cell
 from suite.core.plan import due
 from suite.core.request import SweepRequest
 from suite.core.rounds import comparable, merge
-from suite.records import store, tracking
+from suite.records import store
 from suite.records.schema import Outcome, Record, failed, status_of
 
 
@@ -40,21 +39,11 @@ class Recorder:
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
-    def save(self, cell: Cell, outcome: Outcome, final: bool = False, tag: str = "") -> Record:
-        """Label and save `outcome` under this machine. A `final` one is then logged to W&B and saved again with its
-        run's folder: saved first, so that a runner killed inside W&B loses no measured cell; a failure there is
-        reported under the progress `tag`, and the record stands as saved."""
+    def save(self, cell: Cell, outcome: Outcome, tag: str = "") -> Record:
+        """Label and save `outcome` under this machine (its W&B run is written at the sweep's end, from the records
+        saved: suite.commands.sweep)."""
         record = self.label(cell, outcome)
-        if not self._store(record, tag):
-            return record
-        if final:
-            try:
-                run = tracking.log_record(record, self.req.wandb_mode, tracking.folder(self.req.results_dir))
-                record["wandb_dir"] = tracking.stored_path(run, self.req.results_dir)
-            except Exception as exc:  # noqa: BLE001 — tracking must never lose a measured cell
-                self.progress(f"{tag or record['row']}: W&B logging failed: {exc}")
-                return record
-            self._store(record, tag)
+        self._store(record, tag)
         return record
 
     def record(self, cr: CellRounds, tag: str) -> Record:
@@ -64,7 +53,7 @@ class Recorder:
         final = status_of(merged).kind != "partial"
         if not final and cr.keeps_earlier:
             return self.label(cr.cell, merged)
-        record = self.save(cr.cell, merged, final, tag)
+        record = self.save(cr.cell, merged, tag)
         cr.replaced = cr.replaced or final
         return record
 
@@ -74,7 +63,7 @@ class Recorder:
         until its replacement is complete); a cell with none keeps whatever record it had."""
         kept = [r for r in cr.done if r["status"] == "ok"]
         if kept and len(kept) < cr.planned and not cr.keeps_earlier:  # (all done: saved final)
-            self.save(cr.cell, cr.merged(kept), final=False, tag=tag)
+            self.save(cr.cell, cr.merged(kept), tag=tag)
 
     def hold(self, cells: Iterable[CellRounds], why: str) -> None:
         """Save each cell that has not measured a round yet and has no record of its own as `pending: <why>` in this

@@ -35,7 +35,7 @@ from suite.harness.device import device_type
 from suite.measure.machine import fingerprint
 from suite.records import store
 from suite.records.index import open_index
-from suite.records.schema import Outcome, Record, failed, status_of
+from suite.records.schema import Outcome, Record, failed
 
 
 def run_cells(
@@ -106,11 +106,11 @@ def settle(d: Decision, recorder: Recorder) -> Record:
     if d.action == LEFT:  # its record as it stands, or (none) a line for the table, not saved
         return outcome if outcome is not None else recorder.label(cell, failed(f"pending: {d.why}"))
     if d.action == TWIN:
-        return recorder.save(cell, outcome, final=status_of(outcome).kind != "pending")
+        return recorder.save(cell, outcome)
     if d.action == NOT_RUN:
         return recorder.save(cell, failed("not_implemented", d.why))
     if d.action == PAST_CAP:
-        return recorder.save(cell, outcome, final=True)
+        return recorder.save(cell, outcome)
     assert d.action == COMPLETE, d.action
     return recorder.save(cell, merge(d.resumed, len(d.resumed)))
 

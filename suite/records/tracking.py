@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import glob
+import hashlib
 import json
 import netrc
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 from suite.config import paths
-from suite.records.schema import Record
+from suite.config.files import write_atomic
+from suite.records.schema import Record, machine_of
 
 MODES = ("off", "offline", "online")
 PROJECT = "memtrain-suite"
@@ -71,6 +76,11 @@ def _wandb():
     return wandb
 
 
+def unreachable() -> bool:
+    """Whether W&B could not be reached in this process (its runs went offline from then on)."""
+    return bool(_unreachable)
+
+
 def installed() -> bool:
     """Whether the W&B library itself can be imported (not a folder of its runs)."""
     return _wandb() is not None
@@ -82,20 +92,12 @@ def folder(results_dir: Path | str) -> str:
     return os.environ.get("WANDB_DIR") or str(Path(results_dir) / "wandb")
 
 
-def stored_path(run_dir: str | None, results_dir: Path | str) -> str | None:
-    """A run's folder as a record keeps it: relative to the results folder where it lies inside it (the record
-    reads the same in any clone or machine), else None (a WANDB_DIR elsewhere names a folder of this machine only;
-    the run's W&B id, from its machine and key, finds it)."""
-    if run_dir is None:
-        return None
-    try:
-        return str(Path(run_dir).resolve().relative_to(Path(results_dir).resolve()))
-    except ValueError:
-        return None
-
-
 def run_path(record: dict, results_dir: Path | str) -> Path | None:
-    """The folder of a record's W&B run (stored_path's inverse)."""
+    """The folder of a record's offline W&B run: the latest under its id (run_id) where W&B keeps this results
+    folder's runs, else the folder an earlier suite kept in the record (`wandb_dir`, relative to the results folder)."""
+    found = offline_runs(folder(results_dir), run_id(record)).get(run_id(record))
+    if found:
+        return found[-1]
     stored = record.get("wandb_dir")
     return None if not stored else Path(results_dir) / stored
 
@@ -144,6 +146,7 @@ def _run(
     dir: str | None,
     config: dict | None = None,
     run_id: str | None = None,
+    tags: list[str] | None = None,
 ):
     os.makedirs(dir, exist_ok=True)
     if mode == "online" and _unreachable:
@@ -161,7 +164,8 @@ def _run(
         disable_job_creation=True,
         init_timeout=INIT_TIMEOUT_S,
     )
-    args = dict(project=PROJECT, group=experiment, job_type=job_type, name=name, config=config, dir=dir, id=run_id)
+    args = dict(project=PROJECT, group=experiment, job_type=job_type, name=name, config=config, dir=dir, id=run_id,
+                tags=tags)  # fmt: skip
     args.update(resume="allow" if run_id else None, reinit="finish_previous", settings=settings)
     try:
         return wandb.init(mode=mode, **args)
@@ -174,78 +178,103 @@ def _run(
             "every later one of this command are logged offline (`wandb sync` uploads them)",
             file=sys.stderr,
         )
+        wandb.teardown()  # the failed start holds its run id in W&B's service: "run ID ... is in use" otherwise
         return wandb.init(mode="offline", **args)
 
 
-def log_cell(
-    *,
-    experiment: str,
-    row: str,
-    method: str,
-    config: dict,
-    provenance: dict,
-    summary: dict,
-    status: str,
-    mode: str,
-    dir: str | None = None,
-    history: list[dict] | None = None,
-) -> str | None:
-    """Record one cell as a W&B run; return its run directory, or None when not tracked. `history`: rows with a
-    "step" key, logged in step order as the run's history (a fine-tuning run's losses and dev scores)."""
+ID_MAX = 64  # W&B's longest run id
+
+
+def run_id(record: Record) -> str:
+    """A record's W&B run id, from its machine and cell key alone: exporting the record again, or a later measurement
+    of the same cell on the same machine, updates the same run and never makes a second one."""
+    raw = f"{machine_of(record)}-{record.get('key') or ''}"
+    rid = re.sub(r"[^A-Za-z0-9_-]", "-", raw)
+    return rid if len(rid) <= ID_MAX else f"{rid[: ID_MAX - 17]}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
+
+
+def offline_runs(dir: str | Path, rid: str | None = None) -> dict[str, list[Path]]:
+    """The offline run folders under `dir` (W&B keeps them in its `wandb` folder), by run id, oldest first; only
+    those of `rid` where given. A folder's id is its log's (`run-<id>.wandb`): its name takes a suffix where two runs
+    start in one second."""
+    out: dict[str, list[Path]] = {}
+    named = f"offline-run-*-{glob.escape(rid)}*" if rid else "offline-run-*"  # the id in the name: no other scanned
+    for path in sorted(Path(dir, "wandb").glob(named), key=lambda p: (p.stat().st_mtime, p.name)):
+        for log in path.glob("run-*.wandb"):
+            found = log.name.removeprefix("run-").removesuffix(".wandb")
+            if rid is None or found == rid:
+                out.setdefault(found, []).append(path)
+    return out
+
+
+@dataclass
+class RunPayload:
+    """One W&B run as written: its id, name, group (the experiment), job type (the method), tags, config, summary and
+    history rows (each with a "step")."""
+
+    rid: str
+    name: str
+    group: str
+    job_type: str
+    tags: list[str]
+    config: dict
+    summary: dict
+    history: list[dict] = field(default_factory=list)
+
+    def digest(self) -> str:
+        """What the run's content comes to, to tell an export that changes nothing from one that does."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+MANIFEST = "exported.json"  # beside the runs: each run id's digest as last written, by mode
+
+
+def _manifest(dir: str | Path) -> dict:
+    try:
+        data = json.loads(Path(dir, MANIFEST).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def unchanged(dir: str | Path, mode: str, run: RunPayload) -> bool:
+    """Whether `run` was last written in `mode` with this content (and, offline, its folder is still there)."""
+    if _manifest(dir).get(mode, {}).get(run.rid) != run.digest():
+        return False
+    return mode != "offline" or bool(offline_runs(dir, run.rid))
+
+
+def log_run(run: RunPayload, mode: str, dir: str | None = None) -> str | None:
+    """Write `run`: its history rows in step order, then its summary (after the history, so that a figure logged by
+    round ends as the record's median). Offline, the run's earlier folders are removed once the new one is written
+    (it holds the whole run: syncing it updates the same run id); the manifest beside the runs notes the content
+    written. Returns the run's folder, or None when not tracked."""
     mode = resolve_mode(mode)
     if mode == "off" or (wandb := _wandb()) is None:
         return None
-    full_config = {**config, "provenance": provenance, "row": row, "experiment": experiment}
     dir = dir or folder(paths.RESULTS_DIR)
+    earlier = offline_runs(dir, run.rid).get(run.rid, [])
     with _data_beside(dir):
-        return _log_cell(wandb, experiment, row, method, full_config, summary, status, mode, dir, history)
-
-
-def _log_cell(wandb, experiment, row, method, full_config, summary, status, mode, dir, history) -> str:
-    run = _run(
-        wandb,
-        experiment=experiment,
-        name=f"{experiment}/{row}",
-        job_type=method,
-        mode=mode,
-        dir=dir,
-        config=full_config,
-    )
-    try:
-        for row in history or []:
-            run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=int(row["step"]))
-        # NaN/None are stored as null (and inf as "Infinity") by wandb itself; nothing to sanitise.
-        run.summary.update({**summary, "status": status})
-        return str(run.settings.sync_dir)
-    finally:
-        run.finish()
-
-
-def log_record(record: Record, mode: str, dir: str | None = None) -> str | None:
-    """Record a cell's finished record as a W&B run (its metrics the summary, a fine-tuning history the run's
-    history); return its run directory, or None when not tracked."""
-    metrics = record["metrics"]
-    prov, busy = record["provenance"] or {}, metrics.get("contention") or {}
-    # What a comparison in the W&B UI filters on: ratios hold within one machine's sweep, at one commit, idle.
-    where = {
-        "machine": (record.get("machine") or {}).get("slug"),
-        "sweep": record.get("sweep"),
-        "commit": prov.get("commit"),
-        "contended": bool(busy.get("contended")),
-        "contention_reasons": busy.get("reasons") or [],
-    }
-    return log_cell(
-        experiment=record["experiment"],
-        row=record["row"],
-        method=record["method"],
-        config={**record["config"], **where},
-        provenance=record["provenance"] or {},
-        summary={k: v for k, v in metrics.items() if k != "history"},
-        status=record["status"],
-        mode=mode,
-        dir=dir,
-        history=metrics.get("history"),
-    )
+        live = _run(wandb, experiment=run.group, name=run.name, job_type=run.job_type, mode=mode, dir=dir,
+                    config=run.config, run_id=run.rid, tags=run.tags)  # fmt: skip
+        try:
+            for row in sorted(run.history, key=lambda r: r["step"]):
+                row_ = {k: v for k, v in row.items() if k != "step" and v is not None}
+                live.log(row_, step=int(row["step"]), commit=True)  # committed now: the summary below comes last
+            # NaN/None are stored as null (and inf as "Infinity") by wandb itself; nothing to sanitise.
+            live.summary.update(run.summary)
+            written, wrote = str(live.settings.sync_dir), "offline" if live.offline else "online"
+        finally:
+            live.finish()
+    if wrote == "offline":
+        for old in earlier:
+            if old.resolve() != Path(written).resolve():
+                shutil.rmtree(old, ignore_errors=True)
+    book = _manifest(dir)
+    book.setdefault(wrote, {})[run.rid] = run.digest()
+    Path(dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(dir, MANIFEST), json.dumps(book, indent=0, sort_keys=True))
+    return written
 
 
 def log_table(
