@@ -22,7 +22,7 @@ GOOD = {
     "profile": "tiny",
     "device_type": "cpu",
     "variant": "",
-    "config": {},
+    "config": {"run": {"method": "grad_accum"}},
     "finished": "2026-11-25T00:00:00+00:00",
     "sweep": "s",
     "duration_s": 3,  # a whole number of seconds is a float too
@@ -44,6 +44,8 @@ def test_every_committed_record_matches_the_schema():
         ({"sweep": ["s"]}, "'sweep' is a list"),
         ({"schema": 0}, "schema 0 is not one this suite reads"),
         ({"metrics": {"throughput": "abc"}}, "metric 'throughput' is a str"),
+        # every reader reads a row back from config.run: without it a table crashed after a whole sweep
+        ({"config": {"kind": "throughput"}}, "config has no run object"),
     ],
 )
 def test_a_record_that_does_not_match_gets_one_warning_naming_its_file(tmp_path, change, words):
@@ -95,3 +97,30 @@ def test_a_status_is_read_once_into_its_kind_and_detail():
     assert [status_of(s).finished for s in ("ok", "oom", "partial: 1/2 rounds", "timeout")] == [1, 1, 0, 0]
     assert [status_of(s).measured for s in ("ok", "oom", "partial: 1/2 rounds")] == [1, 0, 1]
     assert [status_of(s).unfinished for s in ("pending: left", "partial: 1/2 rounds", "error: x")] == [1, 1, 0]
+
+
+def test_a_record_without_a_run_config_is_set_aside_and_its_table_renders(tmp_path):
+    from suite.core.experiment import get_experiment
+    from suite.report import tables
+
+    exp = get_experiment("table2")
+    rec = {**GOOD, "experiment": "table2", "row": "baseline-fp32", "config": {"kind": "throughput"}}
+    store.run_path(tmp_path, "k", "m").parent.mkdir(parents=True)
+    store.run_path(tmp_path, "k", "m").write_text(json.dumps(rec))
+    md, _ = tables.write_tables(exp, tmp_path)  # was: KeyError: 'run', after a sweep had measured everything
+    assert "No records yet" in md.read_text()
+
+
+def test_an_empty_results_folder_setting_is_unset_and_a_relative_one_the_callers(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = "import os; from suite.config import paths; print(paths.RESULTS_DIR); print(os.environ['SUITE_RESULTS_DIR'])"
+    env = {**os.environ, "PYTHONPATH": paths.ROOT}
+    for given, expect in (("", Path(paths.ROOT) / "results"), ("rel", tmp_path / "rel")):
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "SUITE_RESULTS_DIR": given},
+                             capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+        assert Path(out[0]).resolve() == expect.resolve(), out
+        # handed on absolute: a cell process in another working folder finds the same folder
+        assert out[1] == (str(expect.resolve()) if given else ""), out

@@ -88,6 +88,8 @@ def test_the_fingerprint_names_cpu_isa_cores_ram_and_versions(monkeypatch):
             8,
             "cpu-xeon-platinum-8481c-amx-8c",
         ),
+        # a "/" in the model name made the folder one level too deep: the row was never shown
+        ("AMD Ryzen 7 PRO 4750U w/ Radeon Graphics", ["avx2"], 2, "cpu-ryzen-7-pro-4750u-w-radeon-graphics-avx2-2c"),
     ],
 )
 def test_slugs_are_short_and_tell_the_kernels(model, flags, cores, slug, monkeypatch):

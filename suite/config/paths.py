@@ -8,7 +8,12 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Read as `paths.RESULTS_DIR` at call time where tests point it at a temporary folder.
-RESULTS_DIR = Path(os.environ.get("SUITE_RESULTS_DIR", os.path.join(ROOT, "results")))
+# An empty SUITE_RESULTS_DIR is unset (not the working folder); a relative one is the caller's, made absolute here
+# and handed on so, so that every cell process finds the folder its caller named, whatever its working folder.
+_GIVEN = os.environ.get("SUITE_RESULTS_DIR", "").strip()
+RESULTS_DIR = Path(_GIVEN).resolve() if _GIVEN else Path(ROOT) / "results"
+if _GIVEN:
+    os.environ["SUITE_RESULTS_DIR"] = str(RESULTS_DIR)
 # The folder of GLUE TSVs a run reads (`--data-dir`, `make table7 DATA_DIR=...`), inherited by its cells. A table
 # is rendered without it: a section shows what its records and the definitions say, not what one run's folder made.
 GLUE_DIR_ENV = "SUITE_GLUE_DIR"

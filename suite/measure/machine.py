@@ -93,9 +93,15 @@ def gpu_fingerprint() -> dict | None:
     }
 
 
+def _plain(name: str) -> str:
+    """A model name as a folder's: every run of characters but letters, digits, '.' and '_' one '-' (a "w/" in
+    `AMD Ryzen 7 PRO 4750U w/ Radeon Graphics` made the records' folder one level too deep, where no table looked)."""
+    return re.sub(r"[^a-z0-9._]+", "-", name.lower()).strip("-.")
+
+
 def _cpu_slug(cpu: dict) -> str:
     words = _NOISE.sub(" ", cpu["model"] or "").lower().split()
-    name = "-".join(w for w in words if w) or cpu["arch"]
+    name = _plain("-".join(w for w in words if w)) or cpu["arch"]
     if not any(ch.isdigit() for ch in name):  # "AMD EPYC" alone: the family and model tell the part
         fam, mod, _ = cpu["family_model_stepping"]
         if fam is not None:
@@ -119,7 +125,7 @@ def _cpu_slug(cpu: dict) -> str:
 
 def _gpu_slug(gpu: dict) -> str:
     name = re.sub(r"\b(nvidia|geforce|tesla|hbm\d*e?|pcie|sxm\d*|\d+gb)\b", " ", gpu["name"].lower())
-    name = "-".join(name.split()) or "gpu"
+    name = _plain("-".join(name.split())) or "gpu"
     slug = f"{name}-{round(gpu['memory_bytes'] / 2**30)}gb"  # 80 GB H100: 79.6 GiB
     return f"{gpu['count']}x-{slug}" if gpu["count"] > 1 else slug
 

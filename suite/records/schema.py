@@ -147,15 +147,18 @@ def problems(record: Any, shape: type = Record) -> list[str]:
 
 
 def _config_problems(config: Any) -> list[str]:
-    """Keys of a record's run configuration that this suite's RunConfig (and ModelConfig) do not have: such a record
-    cannot be read back as a run (a table's labels, the estimate), so it is set aside like any off the schema."""
+    """A record's config without a run object, or keys of its run configuration that this suite's RunConfig (and
+    ModelConfig) do not have: such a record cannot be read back as a run (a table's labels, the estimate), so it is
+    set aside like any off the schema."""
     from dataclasses import fields
 
     from suite.config.run import ModelConfig, RunConfig
 
-    run = config.get("run") if isinstance(config, dict) else None
-    if not isinstance(run, dict):
-        return []
+    if not isinstance(config, dict):
+        return []  # (its type is the schema's to name)
+    run = config.get("run")
+    if not isinstance(run, dict):  # every reader reads a row back from it: a table, the estimate, the labels
+        return ["config has no run object (the run configuration its row is read back from)"]
     out = [f"config.run has {k!r}, which no run has" for k in sorted(run.keys() - {f.name for f in fields(RunConfig)})]
     model = run.get("model")
     if isinstance(model, dict):
