@@ -91,6 +91,36 @@ def test_check_fails_a_wrong_method():
         registry.unregister("broken-head")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_check_fails_a_method_whose_update_is_right_and_whose_loss_is_not(precision):
+    """A method with a correct update that reported its loss doubled passed the oracle, and the wrong loss went into
+    its records' `final_loss`. Each step's reported loss is held to the reference's (LOSS_TOLERANCE)."""
+    from baselines.amp import AMP
+    from baselines.grad_accum import GradAccum
+    from suite.core import registry
+    from suite.core.check import LOSS_TOLERANCE
+
+    base = GradAccum if precision == "fp32" else AMP
+
+    @registry.register("doubled-loss")
+    class DoubledLoss(base):
+        precisions = (precision,)
+
+        def step(self, batch):
+            stats = super().step(batch)
+            return dataclasses.replace(stats, loss=2 * stats.loss)
+
+    try:
+        run = RunConfig(method="doubled-loss", precision=precision, micro_batch_size=2, num_micro_batches=2)
+        result = check(run, "grad_accum", 2)
+        assert result.worst[1] <= result.tolerance  # the weights pass: only the loss tells it
+        assert not result.passed and result.worst_loss[1] == pytest.approx(1.0, rel=1e-2)
+        assert result.loss_tolerance == LOSS_TOLERANCE[precision]
+        assert "FAIL" in result.report() and "loss 1.0" in result.report()
+    finally:
+        registry.unregister("doubled-loss")
+
+
 @pytest.mark.parametrize("method, precision", [("grad_accum", "fp32"), ("amp", "bf16")])
 def test_recompute_changes_nothing(method, precision):
     """Per-block activation recompute redraws the same keyed masks: bitwise the same training."""
@@ -105,3 +135,25 @@ def test_recompute_changes_nothing(method, precision):
         b.step(next(bb))
     wa, wb = a.state_dict(), b.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_check_names_both_precisions_and_refuses_two_16_bit_formats():
+    """`suite check X --against amp` compared fp16 with amp's bf16 without naming either."""
+    from baselines.amp import AMP
+    from suite.config.errors import ConfigError
+    from suite.core import registry
+
+    run = RunConfig(method="l2l-cmp", precision="fp16", micro_batch_size=2, num_micro_batches=2)
+    result = check(run, "amp", 1)  # amp runs fp16 as well: the same format on both sides
+    assert (result.method, result.against) == ("l2l-cmp (fp16)", "amp (fp16)")
+    assert result.report().startswith("check l2l-cmp (fp16) against amp (fp16):")
+
+    @registry.register("amp-bf16-only")
+    class BF16Only(AMP):
+        precisions = ("bf16",)
+
+    try:
+        with pytest.raises(ConfigError, match="runs bf16, not fp16; comparing fp16 with bf16 says nothing"):
+            check(run, "amp-bf16-only", 1)
+    finally:
+        registry.unregister("amp-bf16-only")

@@ -20,7 +20,14 @@ import torch.distributed as dist
 
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import build_method, default_precision, per_step, rank_check_parser, verdict_across_ranks
+from suite.core.check import (
+    build_method,
+    default_precision,
+    per_step,
+    rank_check_parser,
+    reference_precision,
+    verdict_across_ranks,
+)
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -51,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             method=args.against,
             ranks=1,
             options={},
-            precision=default_precision(args.against, device),
+            precision=reference_precision(run, args.against),
             micro_batch_size=run.micro_batch_size // world,
             num_micro_batches=run.num_micro_batches * world,
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
     losses, states, ref_states = [], [], []
-    every = per_step(run.precision, default_precision(args.against, device))  # each step's weights compared
+    every = per_step(run.precision, reference_precision(run, args.against))  # each step's weights compared
     for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         stats = subject.step(next(batches))
         kept = every or i == args.steps - 1

@@ -18,7 +18,14 @@ import os
 from methods.pipeline.executors.dist import rank_main
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import build_method, default_precision, per_step, rank_check_parser, verdict_across_ranks
+from suite.core.check import (
+    build_method,
+    default_precision,
+    per_step,
+    rank_check_parser,
+    reference_precision,
+    verdict_across_ranks,
+)
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -55,7 +62,7 @@ def check_one(method: str, args) -> bool:
     if cls.shards_batch:
         batches = (b.shard(rank, world) for b in batches)
     losses, states = [], []
-    every = per_step(run.precision, default_precision(args.against, device))  # each step's weights compared
+    every = per_step(run.precision, reference_precision(run, args.against))  # each step's weights compared
     for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         losses.append(subject.step(next(batches)).loss)
         if every or i == args.steps - 1:
@@ -64,7 +71,7 @@ def check_one(method: str, args) -> bool:
     reference, ref_states = None, []
     if rank == 0:
         ref_run = dataclasses.replace(
-            run, method=args.against, options={}, ranks=1, precision=default_precision(args.against, device)
+            run, method=args.against, options={}, ranks=1, precision=reference_precision(run, args.against)
         )
         if cls.shards_batch:  # the ranks' micro-batches, one after another on one rank
             ref_run = dataclasses.replace(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from suite.config.errors import ConfigError
 from suite.config.run import RunConfig
 from suite.core import registry
 from suite.harness.data import synthetic_batches
@@ -30,6 +31,21 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 0.5, "fp16": 0.5}
 # 0.5 allows f = 6%; measured on `tiny` (AMP and L2L-CMP against FP32 AG, 3 seeds, 6 steps): bf16's 8-bit
 # significand 0.14 at worst (its first step, f about 0.5%), fp16's 11 bits 0.025 (f about 0.02%). docs/oracle.md.
 STEP_TOLERANCE = {"bf16": 0.5, "fp16": 0.5}
+# Each step's loss as the method reports it, against the reference's on the same batch: |l - l_ref| / |l_ref|. The
+# weights are the same before each step and the batch is the same, so a loss differs only by the forward's rounding:
+# FP32 methods gave the reference's loss bit for bit, bf16 within 6.2e-4 at worst and fp16 within 1.3e-5 (measured
+# on `tiny`: AMP and L2L-CMP in bf16, AMP in fp16, L2L, GPipe and PipeDream-Flush in FP32, against FP32 AG, 3 seeds,
+# 6 steps). The bounds: FP32's weight bound; in 16 bits the format's unit roundoff (2^-9 for bf16's 8-bit
+# significand, 2^-12 for fp16's 11), about 3x and 19x the worst measured. A loss reported doubled, halved or of
+# another micro-batch is off by far more (a factor of 2 is an error of 1).
+LOSS_TOLERANCE = {"fp32": 1e-5, "bf16": 2**-9, "fp16": 2**-12}
+
+
+def loss_error(a: float, b: float) -> float:
+    """|a - b| / |b| of two reported losses; 0 where they are equal (NaN: never within a bound)."""
+    if a == b:
+        return 0.0
+    return abs(a - b) / abs(b) if b != 0 and a == a and b == b else float("inf")
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -56,6 +72,19 @@ class CheckResult:
     step_errors: list[float] = dataclasses.field(default_factory=list)  # each step's whole update (16-bit only)
     step_tolerance: float | None = None
     skipped: list[bool] = dataclasses.field(default_factory=list)  # the steps the method said it skipped
+    loss_tolerance: float = 0.0  # each step's reported loss against the reference's (LOSS_TOLERANCE)
+
+    @property
+    def loss_errors(self) -> list[float]:
+        return [loss_error(a, b) for a, b in self.losses]
+
+    @property
+    def worst_loss(self) -> tuple[int, float] | None:
+        errors = self.loss_errors
+        if not errors:
+            return None
+        k = max(range(len(errors)), key=errors.__getitem__)
+        return k, errors[k]
 
     @property
     def worst_step(self) -> tuple[int, float] | None:
@@ -73,7 +102,8 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         steps_ok = self.worst_step is None or self.worst_step[1] <= self.step_tolerance
-        return self.worst[1] <= self.tolerance and steps_ok
+        losses_ok = self.worst_loss is None or self.worst_loss[1] <= self.loss_tolerance
+        return self.worst[1] <= self.tolerance and steps_ok and losses_ok
 
     def report(self, top: int = 0, verbose: bool = False) -> str:
         """The steps, then the tensors: every one with `verbose`, the `top` worst, else only those past the bound
@@ -88,7 +118,7 @@ class CheckResult:
         lines = [
             f"check {self.method} against {self.against}: {self.steps} steps, "
             f"tolerance {self.tolerance:g} (norm-wise relative error of each tensor's update W_N - W_0; "
-            "weight-relative error beside it)"
+            f"weight-relative error beside it); each step's loss within {self.loss_tolerance:g} of the reference's"
         ]
         if self.step_errors:
             lines.append(
@@ -97,7 +127,7 @@ class CheckResult:
         for i, (la, lb) in enumerate(self.losses):
             update = f"; update error {self.step_errors[i]:.3e}" if i < len(self.step_errors) else ""
             said = " (skipped, as the method said)" if i < len(self.skipped) and self.skipped[i] else ""
-            lines.append(f"  step {i}: loss {la:.8f} vs {lb:.8f}{update}{said}")
+            lines.append(f"  step {i}: loss {la:.8f} vs {lb:.8f} ({loss_error(la, lb):.1e}){update}{said}")
         if rows:
             lines.append(f"  {'update err':>10}  {'weight err':>10}  tensor")
         for name, err in rows:
@@ -113,6 +143,9 @@ class CheckResult:
             k, e = self.worst_step
             bound = self.step_tolerance
             verdict += f"; step {k}'s update {e:.3e} {'<=' if e <= bound else '>'} {bound:g}"
+        if self.worst_loss is not None:
+            k, e = self.worst_loss
+            verdict += f"; step {k}'s loss {e:.3e} {'<=' if e <= self.loss_tolerance else '>'} {self.loss_tolerance:g}"
         lines.append(f"{'PASS' if self.passed else 'FAIL'}: {verdict}")
         return "\n".join(lines)
 
@@ -134,11 +167,27 @@ def default_precision(method: str, device: torch.device) -> str:
     return preferred if preferred in allowed else allowed[0]
 
 
+def reference_precision(run: RunConfig, against: str) -> str:
+    """The precision the reference runs in: the subject's where the reference has it, else the reference's default
+    (FP32 where it has it). Two different 16-bit formats are never compared silently: refused, in one line."""
+    allowed = registry.get(against).precisions
+    if run.precision in allowed:
+        return run.precision
+    chosen = default_precision(against, resolve_device(run.device))
+    if run.precision in STEP_TOLERANCE and chosen in STEP_TOLERANCE:
+        raise ConfigError(
+            f"check {run.method} in {run.precision} against {against}: {against} runs {', '.join(allowed)}, not "
+            f"{run.precision}; comparing {run.precision} with {chosen} says nothing of either: give --set "
+            f"precision={chosen}, or a reference that runs {run.precision} or fp32"
+        )
+    return chosen
+
+
 def check(run: RunConfig, against: str, steps: int, padded: bool = True) -> CheckResult:
     """Run `run.method` and `against` for `steps` steps on identical batches; compare every weight."""
     run = run.validate()
     device = resolve_device(run.device)
-    ref_run = dataclasses.replace(run, method=against, precision=default_precision(against, device), options={})
+    ref_run = dataclasses.replace(run, method=against, precision=reference_precision(run, against), options={})
     subject, reference = build_method(run, device), build_method(ref_run, device)
     w0 = reference.state_dict()
     losses, states, ref_states, skipped = [], [], [], []
@@ -151,7 +200,8 @@ def check(run: RunConfig, against: str, steps: int, padded: bool = True) -> Chec
         if every or i == steps - 1:
             states.append(subject.state_dict())
             ref_states.append(reference.state_dict())
-    return compare(run, run.method, against, w0, states, reference, ref_states, losses, skipped)
+    label, ref_label = f"{run.method} ({run.precision})", f"{against} ({ref_run.precision})"
+    return compare(run, label, ref_label, w0, states, reference, ref_states, losses, skipped)
 
 
 def compare(
@@ -180,6 +230,7 @@ def compare(
     ungated = reference.model.gradient_free()
     result = CheckResult(label, against, len(losses), tol, errors, weight_errors, ungated, losses)
     result.skipped = list(skipped)
+    result.loss_tolerance = max(LOSS_TOLERANCE[run.precision], LOSS_TOLERANCE[reference.run.precision])
     lower = [p for p in (run.precision, reference.run.precision) if p in STEP_TOLERANCE]
     if lower:
         assert len(states) == len(ref_states) == len(losses), "a 16-bit check needs the weights after every step"
@@ -232,7 +283,8 @@ def verdict_across_ranks(
     rank (the verdicts all-reduced)."""
     ok = all(holds for _, holds in notes)
     if reference is not None:
-        against = f"{reference.run.method} on 1 rank"
+        against = f"{reference.run.method} ({reference.run.precision}) on 1 rank"
+        label = f"{label} ({subject.run.precision})"
         result = compare(subject.run, label, against, w0, states, reference, ref_states, losses)
         print(result.report(top=5))
         for line, _ in notes:

@@ -20,7 +20,12 @@ import time
 from methods.pipeline.executors.dist import rank_main
 from suite.config.run import RunConfig, apply_overrides
 from suite.core import registry
-from suite.core.check import build_method, default_precision, rank_check_parser, verdict_across_ranks
+from suite.core.check import (
+    build_method,
+    rank_check_parser,
+    reference_precision,
+    verdict_across_ranks,
+)
 from suite.harness.data import synthetic_batches
 from suite.harness.device import leave_group, resolve_device
 
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     if rank == 0:
         ref_run = dataclasses.replace(
-            run, method=args.against, options={}, precision=default_precision(args.against, device)
+            run, method=args.against, options={}, precision=reference_precision(run, args.against)
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
         losses = [(a, reference.step(next(ref_batches)).loss) for a in losses]
