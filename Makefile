@@ -161,14 +161,17 @@ DECODER_MEASURE ?= count
 bench-link: $(STAMP)
 	$(PY) -m suite run bench-link --profile $(PROFILE) $(RUN_FLAGS)
 
+# The decoders' profile: paper (the Llama shapes, counted on any machine) unless PROFILE= names another; on a CPU,
+# `make decoder-8b PROFILE=tiny DECODER_MEASURE=time` times every Llama row at a tiny Llama's shape.
+DECODER_PROFILE = $(if $(filter auto,$(PROFILE)),paper,$(PROFILE))
 decoder-8b: $(STAMP)
-	$(PY) -m suite run decoder-8b --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)
-	$(PY) -m suite run decoder-8b-roofline --profile paper $(RUN_FLAGS)
+	$(PY) -m suite run decoder-8b --profile $(DECODER_PROFILE) --measure $(DECODER_MEASURE) $(RUN_FLAGS)
+	$(PY) -m suite run decoder-8b-roofline --profile $(DECODER_PROFILE) $(RUN_FLAGS)
 
 decoder: $(STAMP)
-	$(PY) -m suite run decoder --profile paper --measure $(DECODER_MEASURE) $(RUN_FLAGS)
-	$(PY) -m suite run decoder-largest --profile paper $(RUN_FLAGS)
-	$(PY) -m suite run decoder-batch --profile paper $(RUN_FLAGS)
+	$(PY) -m suite run decoder --profile $(DECODER_PROFILE) --measure $(DECODER_MEASURE) $(RUN_FLAGS)
+	$(PY) -m suite run decoder-largest --profile $(DECODER_PROFILE) $(RUN_FLAGS)
+	$(PY) -m suite run decoder-batch --profile $(DECODER_PROFILE) $(RUN_FLAGS)
 
 # L2L's step projected on the paper's V100, the H100 of the records, an A100 and a GH200: no GPU needed.
 l2l-projection: $(STAMP)

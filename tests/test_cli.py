@@ -218,3 +218,18 @@ def test_the_kept_list_follows_the_code(tmp_path, monkeypatch):
     assert listing.digest() != before
     monkeypatch.setenv("SUITE_PLUGINS", "my_methods")  # code outside the tree: made each time, never kept
     assert listing.digest() is None
+
+
+def test_the_decoders_run_at_paper_unless_a_profile_is_named():
+    """`make decoder` and `make decoder-8b` hard-coded `--profile paper`: no Llama row ran on a CPU from make."""
+    import subprocess
+
+    from suite.config import paths
+
+    def dry(*args):
+        out = subprocess.run(["make", "-n", *args], cwd=paths.ROOT, capture_output=True, text=True, check=True)
+        return [ln for ln in out.stdout.splitlines() if " -m suite run " in ln]
+
+    assert all("--profile paper" in ln for ln in dry("decoder", "decoder-8b")), dry("decoder", "decoder-8b")
+    tiny = dry("decoder-8b", "PROFILE=tiny", "DECODER_MEASURE=time")
+    assert tiny[0].rstrip().endswith("run decoder-8b --profile tiny --measure time") and "--profile tiny" in tiny[1]
