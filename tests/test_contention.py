@@ -76,7 +76,7 @@ def test_a_loaded_machine_marks_the_cells_and_suppresses_their_rate_ratios(tmp_p
     (note,) = [ln for ln in md.splitlines() if ln.startswith("`contended` (`a`, `b`): the machine was busy")]
     assert len(note) < 500 and "<summary>why each is contended (2 rows)</summary>" in md  # the details folded
     (line,) = [m for m in said if m.startswith("contended")]
-    assert line.endswith("--only a --only b --force")
+    assert line.endswith("--profile tiny --set steps=40 --contended")  # one short command, the rows its own
     again = []  # the same command again: each cached line says the record was contended
     sweep(req, progress=again.append)
     cached = [m for m in again if "(cached on m," in m]

@@ -137,7 +137,9 @@ from suite.records import store
 me, n, root = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 base = json.loads(Path(sys.argv[4]).read_text())  # a real record: the schema's every field
 for i in range(n):
-    store.save(root, "k", "m", {**base, "error": f"{me}/{i}" + "." * (i % 7) * 500})  # sizes vary: a torn read shows
+    # as cell k of machine m (a record is read only where its key and machine are its file's)
+    rec = {**base, "key": "k", "machine": {**base.get("machine", {}), "slug": "m"}}
+    store.save(root, "k", "m", {**rec, "error": f"{me}/{i}" + "." * (i % 7) * 500})  # sizes vary: a torn read shows
 """
 READER = """
 import sys

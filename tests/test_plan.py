@@ -339,3 +339,50 @@ def test_a_count_made_on_another_cpu_by_the_same_code_and_versions_is_reused(tmp
     (t,) = expand(timed)
     Recorder(timed, {"slug": "cpu-a"}, "s", print).save(t, {**counted, "provenance": prov})
     assert plan(timed, [t], "cpu-b", print).decisions[0].action == RUN  # a timing is its machine's alone
+
+
+def test_a_count_of_this_machine_made_under_another_transformers_is_counted_again(tmp_path, rows):
+    """A count made under transformers 5.23.0 was reused under 5.24.0, where docs/experiments.md says a count is
+    reused only from the same torch and transformers."""
+    from suite.measure.provenance import versions
+
+    req = SweepRequest(
+        make_experiment(rows), "tiny", only=["done"], results_dir=tmp_path, wandb_mode="off", measure="count"
+    )
+    (cell,) = expand(req)
+    torch_v, transformers_v = versions()
+    prov = {"methodology": "1", "code": code_digest(), "torch": torch_v, "transformers": transformers_v}
+    counted = {"status": "ok", "metrics": {"memory_gb": 1.5}, "error": None, "provenance": prov}
+    Recorder(req, {"slug": "m"}, "s", print).save(cell, counted)
+    assert plan(req, [cell], "m", print).decisions[0].action == REUSED
+    Recorder(req, {"slug": "m"}, "s", print).save(cell, {**counted, "provenance": {**prov, "transformers": "0.1"}})
+    seen = []
+    (d,) = plan(req, [cell], "m", seen.append).decisions
+    assert d.action == STALE and f"transformers 0.1; this is torch {torch_v}, transformers {transformers_v}" in d.why
+    assert any("stale" in s and "measured again" in s for s in seen), seen
+
+
+def test_contended_measures_again_only_the_busy_rows_and_their_reference(tmp_path):
+    """Re-running a contended table returned cached rows without ratios and a nine-`--only` `--force` command to
+    paste; `--contended` measures the busy rows again with their reference, and leaves the rest."""
+    exp = make_experiment([Row("ref", "grad_accum"), Row("busy", "grad_accum", {"seed": 7}),
+                           Row("calm", "grad_accum", {"seed": 8})])  # fmt: skip
+    req = SweepRequest(exp, "tiny", results_dir=tmp_path, wandb_mode="off")
+    busy = {"contended": True, "reasons": ["another process"]}
+    for cell in expand(req):
+        out = _outcome()
+        if cell.row.name == "busy":
+            out["metrics"] = {**out["metrics"], "contention": busy}
+        Recorder(req, {"slug": "m"}, "s1", print).save(cell, out)
+    again = dataclasses.replace(req, contended=True)
+    seen = []
+    decisions = {d.cell.row.name: d.action for d in plan(again, expand(again), "m", seen.append).decisions}
+    assert decisions == {"ref": RUN, "busy": STALE, "calm": LEFT}, decisions
+    assert any("busy" in s and "contended" in s and "measured again" in s for s in seen), seen
+    with pytest.raises(ConfigError, match="drop --force"):
+        SweepRequest(exp, "tiny", contended=True, force=True)
+    from suite.report.tables import contended_command
+
+    assert contended_command("t", "tiny", ["--set", "steps=2"]).endswith(
+        "run t --profile tiny --set steps=2 --contended"
+    )

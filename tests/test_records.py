@@ -66,7 +66,7 @@ def test_a_missing_key_is_named_and_optional_ones_may_be_absent():
 
 
 def test_saved_records_carry_the_schema_version(tmp_path):
-    store.save(tmp_path, "k", "m", dict(GOOD))
+    store.save(tmp_path, "k", "m", {**GOOD, "machine": {"slug": "m"}})
     assert Index(tmp_path).cell("k", "m")["schema"] == SCHEMA_VERSION
 
 
@@ -111,16 +111,95 @@ def test_a_record_without_a_run_config_is_set_aside_and_its_table_renders(tmp_pa
     assert "No records yet" in md.read_text()
 
 
-def test_an_empty_results_folder_setting_is_unset_and_a_relative_one_the_callers(tmp_path):
+def test_an_empty_results_setting_is_refused_and_a_relative_one_is_the_callers(tmp_path):
+    """An empty SUITE_RESULTS_DIR meant the working folder: `render` wrote 50 tables into the repository root. A
+    relative one resolved against each cell's working folder, not the caller's."""
     import os
     import subprocess
     import sys
 
-    code = "import os; from suite.config import paths; print(paths.RESULTS_DIR); print(os.environ['SUITE_RESULTS_DIR'])"
     env = {**os.environ, "PYTHONPATH": paths.ROOT}
-    for given, expect in (("", Path(paths.ROOT) / "results"), ("rel", tmp_path / "rel")):
-        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "SUITE_RESULTS_DIR": given},
-                             capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
-        assert Path(out[0]).resolve() == expect.resolve(), out
-        # handed on absolute: a cell process in another working folder finds the same folder
-        assert out[1] == (str(expect.resolve()) if given else ""), out
+    code = "import os; from suite.config import paths; print(paths.RESULTS_DIR); print(os.environ['SUITE_RESULTS_DIR'])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "SUITE_RESULTS_DIR": "rel"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert out == [str((tmp_path / "rel").resolve())] * 2  # made absolute once, and handed on so to every cell
+    done = subprocess.run([sys.executable, "-m", "suite", "render"], cwd=tmp_path,
+                          env={**env, "SUITE_RESULTS_DIR": ""}, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("error: SUITE_RESULTS_DIR is set but empty"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []  # nothing written
+
+
+def _place(results: Path, key: str, machine: str, rec: dict) -> Path:
+    path = store.run_path(results, key, machine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+    return path
+
+
+MINE = {**GOOD, "machine": {"slug": "m"}}
+
+
+def test_a_record_under_another_key_or_machine_is_set_aside_never_reused(tmp_path):
+    """A record copied under another cell's key made that cell `ok (cached)`; one copied into another machine's
+    folder was `cached on` that machine."""
+    _place(tmp_path, "k", "m", MINE)
+    other_key = _place(tmp_path, "k2", "m", MINE)
+    other_machine = _place(tmp_path, "k", "m2", MINE)
+    seen = []
+    index = Index(tmp_path)
+    assert index.cell("k", "m", warn=seen.append)["key"] == "k" and seen == []
+    assert index.cell("k2", "m", warn=seen.append) is None and index.cell("k", "m2", warn=seen.append) is None
+    assert str(other_key) in seen[0] and "its key 'k' is not its file's name 'k2'" in seen[0]
+    assert str(other_machine) in seen[1] and "its machine 'm' is not its folder's 'm2'" in seen[1]
+    assert [r["machine"]["slug"] for r in index.records(warn=lambda _: None)] == ["m"]
+
+
+def test_a_sweep_field_that_is_a_path_writes_nothing_outside_the_results_folder(tmp_path):
+    """`--force` over a record whose sweep held `x/../../..` wrote the old record outside the results folder."""
+    results = tmp_path / "results"
+    evil = "x/../../../../outside"
+    _place(results, "k", "m", {**MINE, "sweep": evil})
+    assert "sweep 'x/../../../../outside' is not a plain name" in " ".join(problems({**MINE, "sweep": evil}))
+    store.save(results, "k", "m", {**MINE, "sweep": "s2"})
+    assert Index(results).cell("k", "m")["sweep"] == "s2"
+    assert sorted(p.name for p in tmp_path.rglob("*.json")) == ["k.json"]  # nothing kept, nowhere else
+    with pytest.raises(ValueError, match="is not a plain name"):
+        store.run_path(results, "k", "../../m")
+
+
+def test_a_figure_listing_that_leads_out_of_the_figures_folder_removes_nothing_there(tmp_path):
+    from suite.commands.sweep import _figures_dropped
+    from suite.core.experiment import get_experiment
+
+    exp = get_experiment("table2")
+    outside = tmp_path / "keep.md"
+    outside.write_text("mine")
+    listing = tmp_path / "results" / "figures" / "written" / "table2.txt"
+    listing.parent.mkdir(parents=True)
+    listing.write_text("../../keep.md\n")
+    said = []
+    assert _figures_dropped(exp, tmp_path / "results", [], said.append) == []
+    assert outside.read_text() == "mine" and "outside" in said[0] and "left as it is" in said[0]
+
+
+def test_a_partial_record_of_another_code_is_set_aside_with_a_note_not_dropped(tmp_path):
+    """A partial record (1 of 2 rounds) resumed after a code edit lost its measured round without a word."""
+
+    def partial(code, sweep):
+        rnd = {"status": "ok", "metrics": {"throughput": 10.0}, "provenance": {"code": code}}
+        return {**MINE, "status": "partial: 1/2 rounds", "sweep": sweep, "provenance": {"code": code},
+                "round_records": [rnd]}  # fmt: skip
+
+    store.save(tmp_path, "k", "m", partial("c0", "s1"))
+    store.save(tmp_path, "k", "m", partial("c0", "s1"))  # the same code resumes it: nothing set aside
+    earlier = store.run_path(tmp_path, "k", "m").parent / store.EARLIER
+    assert not earlier.exists()
+    store.save(tmp_path, "k", "m", partial("c1", "s2"))  # measured anew by another code
+    (aside,) = earlier.iterdir()
+    kept = json.loads(aside.read_text())
+    assert aside.name == "k.s1.partial-c0.json" and kept["round_records"] == partial("c0", "s1")["round_records"]
+    assert kept["set_aside"].startswith("replaced by a measurement of code c1")
+    index = Index(tmp_path)
+    seen = []
+    assert [r["sweep"] for r in index.history(index.cell("k", "m", warn=seen.append))] == ["s1"] and seen == []
+    assert index.kept("k", "m") == []  # a reference is an `ok` record; a set-aside partial is none

@@ -112,6 +112,7 @@ def _run(args) -> int:
         measure=args.measure,
         worker=args.worker,
         stale=args.stale,
+        contended=args.contended,
         precount=args.precount,
     )
     _fits_this_machine(req, args.yes)
@@ -285,6 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_const",
         const="only",
         help="measure only the stale records (finished timed records of another code); leave every other cell",
+    )
+    r.add_argument(
+        "--contended",
+        action="store_true",
+        help="measure again only the rows timed while the machine was busy (contended), with their reference",
     )
     r.add_argument("--device-memory", metavar="SIZE", help="cap the GPU's memory, e.g. 16GiB")
     r.add_argument(
@@ -476,6 +482,9 @@ def _main(argv: list[str] | None) -> int:
             f"unrecognized arguments: {_unknown(args.command_parser, extra)} "
             f"(python -m suite {args.command} --help lists its options)"
         )
+    if paths.RESULTS_REFUSED:  # before anything is read or written
+        print(f"error: {paths.RESULTS_REFUSED}", file=sys.stderr)
+        return 2
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
     # SIGTERM ends a run as Ctrl-C does (its cells killed, its finished rounds kept); neither inside a child's wait
     previous = interrupts.install() if main_thread else {}

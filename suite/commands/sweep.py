@@ -35,7 +35,7 @@ def sweep(req: SweepRequest, progress=print) -> list[Record]:
         progress(f"this machine's rows: section '{title}' of {req.results_dir / (exp.name + '.md')}")
     busy = [c.row.name for c, r in zip(cells, records) if r and contended(r.get("metrics") or {})]
     if busy:  # never silent: one line naming them and the command that measures them again
-        rerun = tables.rerun_command(exp.name, cells[0].profile, busy, req.settings)
+        rerun = tables.contended_command(exp.name, cells[0].profile, req.settings)
         progress(
             f"contended (the machine was busy while they were timed; their ratios are not shown): "
             f"{', '.join(busy)}; on an idle machine: {rerun}"
@@ -108,21 +108,24 @@ def render(exp: Experiment, results_dir: Path | None = None, progress=print) -> 
     figures = [Path(p) for p in (exp.figure(exp, results_dir) if exp.figure is not None else [])]
     for path in figures:
         progress(f"wrote {path}")
-    for path in _figures_dropped(exp, results_dir, figures):
+    for path in _figures_dropped(exp, results_dir, figures, progress):
         progress(f"removed {path} (its table no longer draws it)")
     return written + figures
 
 
-def _figures_dropped(exp: Experiment, results_dir: Path, figures: list[Path]) -> list[Path]:
+def _figures_dropped(exp: Experiment, results_dir: Path, figures: list[Path], progress=print) -> list[Path]:
     """Remove the figures `exp`'s last render wrote and this one did not (a figure never shows what its table no
     longer does: a ratio whose reference failed, a section gone), per its list in results/figures/written/; before
     any list, those named `<experiment>_*.png` or `front_<experiment>_*.png`. Returns the paths removed."""
     folder = results_dir / "figures"
     listing = folder / "written" / f"{exp.name}.txt"
     try:
-        before = {folder / n for n in listing.read_text().split("\n") if n}
+        named = [folder / n for n in listing.read_text().split("\n") if n]
     except FileNotFoundError:
-        before = {*folder.glob(f"{exp.name}_*.png"), *folder.glob(f"front_{exp.name}_*.png")}
+        named = [*folder.glob(f"{exp.name}_*.png"), *folder.glob(f"front_{exp.name}_*.png")]
+    before = {p for p in named if paths.inside(folder, p)}
+    for p in sorted(set(named) - before):  # a name that leads out of the figures folder: nothing of it removed
+        progress(f"warning: {listing} names {p}, outside {folder}: left as it is")
     now = {p.resolve() for p in figures}
     gone = sorted(p for p in before if p.resolve() not in now and p.exists())
     for p in gone:

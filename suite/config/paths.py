@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Read as `paths.RESULTS_DIR` at call time where tests point it at a temporary folder.
-# An empty SUITE_RESULTS_DIR is unset (not the working folder); a relative one is the caller's, made absolute here
-# and handed on so, so that every cell process finds the folder its caller named, whatever its working folder.
-_GIVEN = os.environ.get("SUITE_RESULTS_DIR", "").strip()
-RESULTS_DIR = Path(_GIVEN).resolve() if _GIVEN else Path(ROOT) / "results"
-if _GIVEN:
+# A relative SUITE_RESULTS_DIR is the caller's: made absolute once, here, and handed on so, so that every cell process
+# finds the folder its caller named whatever its working folder. An empty one is refused (RESULTS_REFUSED: every
+# command says so in one line before anything runs); it meant the working folder.
+_GIVEN = os.environ.get("SUITE_RESULTS_DIR")
+RESULTS_REFUSED = (
+    "SUITE_RESULTS_DIR is set but empty (it would mean the working folder): give the folder results go to, or unset "
+    "it for results/ beside the code"
+    if _GIVEN is not None and not _GIVEN.strip()
+    else None
+)
+RESULTS_DIR = Path(_GIVEN.strip()).resolve() if _GIVEN and _GIVEN.strip() else Path(ROOT) / "results"
+if _GIVEN and _GIVEN.strip():
     os.environ["SUITE_RESULTS_DIR"] = str(RESULTS_DIR)
 # The folder of GLUE TSVs a run reads (`--data-dir`, `make table7 DATA_DIR=...`), inherited by its cells. A table
 # is rendered without it: a section shows what its records and the definitions say, not what one run's folder made.
@@ -20,6 +28,16 @@ GLUE_DIR_ENV = "SUITE_GLUE_DIR"
 
 # How the pages and the committed tables write a command of the suite's: the interpreter `make setup` makes.
 DOCUMENTED_SUITE = ".venv/bin/python -m suite"
+
+
+# A name that is one folder's or file's, never a path: what a machine slug and a sweep id are.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
+def inside(root: Path | str, path: Path | str) -> bool:
+    """Whether `path`, resolved (links and `..` followed), lies inside `root`: a path built from a record's content,
+    a listing file or a setting is used only where it does."""
+    return Path(path).resolve().is_relative_to(Path(root).resolve())
 
 
 def suite_command() -> list[str]:

@@ -194,6 +194,16 @@ def stale_reason(record: Record) -> str | None:
     return f"measured by code {code or '(unrecorded)'}{commit}; this code is {mine}"
 
 
+def count_stale(record: Record) -> str | None:
+    """Why a finished count is stale here: torch or transformers is not the version that made it (a count runs on
+    fake tensors, so those decide it, with the cell's config in its key); None where both are the same."""
+    prov = record.get("provenance") or {}
+    made, now = (prov.get("torch"), prov.get("transformers")), versions()
+    if made == now:
+        return None
+    return f"counted under torch {made[0]}, transformers {made[1]}; this is torch {now[0]}, transformers {now[1]}"
+
+
 def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
     """The outcome this cell gets from its row's twin (Row.same_as) when its cell runs this very config: the twin's
     record on this machine with its status (ok, oom, an error: the twin's own verdict), its metrics adapted; where
@@ -287,14 +297,19 @@ def _decide(
         progress(f"{tag}: {status_of(twin).kind} ({said})")
         return Decision(cell, TWIN, said, twin)
     planned, cannot = p.planned(cell), None
+    if req.contended:  # only the rows timed on a busy machine, measured again (their reference beside them)
+        if is_timed(cell.kind) and cached and status_of(cached).finished and contended(cached.get("metrics") or {}):
+            progress(f"{tag}: contended ({cached['status']}, timed on a busy machine): measured again")
+            return Decision(cell, STALE, f"{cached['status']} contended", rounds=planned)
+        return Decision(cell, LEFT, "not contended: left as it stands (--contended)", cached)
     if cached and status_of(cached).finished and not req.force:
-        why = stale_reason(cached) if is_timed(cell.kind) else None
+        why = stale_reason(cached) if is_timed(cell.kind) else count_stale(cached) if cell.spec.on_host else None
         if why is not None and (cannot := not_run_reason(cell, req.measure, unavailable)) is not None:
             why += f"; kept, as it cannot be measured again here ({cannot})"  # never replaced by an error
         if why is None or req.stale == "keep" or cannot is not None:
             kept = f", stale: {why}" if why else ""
             if contended(cached.get("metrics") or {}):  # timed on a busy machine: its table shows no rate ratio
-                kept += ", contended: no rate ratio shown (--force measures it again)"
+                kept += ", contended: no rate ratio shown (--contended measures it again)"
             progress(f"{tag}: {cached['status']} (cached on {machine}, {cell.key}{kept})")
             return Decision(cell, REUSED, f"{cached['status']} on {machine}{kept}", cached)
         progress(f"{tag}: stale ({cached['status']} {why}): measured again (--keep-stale keeps it)")
@@ -340,7 +355,7 @@ def _with_reference(req: SweepRequest, cells: list[Cell], p: Plan, progress: Cal
         return
     ref = next((d for d in p.decisions if d.cell.row.name == exp.baseline), None)
     if ref is None or ref.action not in (REUSED, LEFT) or (ref.outcome or {}).get("sweep") == p.sweep:
-        return  # (a reference left by --only-stale is measured beside the stale rows all the same)
+        return  # (a reference left by --only-stale or --contended is measured beside their rows all the same)
     p.decisions.remove(ref)
     p.decisions.insert(
         0, Decision(ref.cell, RUN, "the reference row, beside rows that take ratios to it", rounds=p.planned(ref.cell))

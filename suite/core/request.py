@@ -48,6 +48,9 @@ class SweepRequest:
     # A finished timed record of another code (suite.core.plan.stale_reason): `measure` it again (the default),
     # `keep` it as it is, or measure `only` those and leave every other cell as it stands.
     stale: str = "measure"
+    # Measure again only the rows whose finished timed record was contended (the machine was busy), with their
+    # reference; leave every other cell as it stands (`suite run X --contended`).
+    contended: bool = False
 
     def __post_init__(self):
         def resolve(field: str, value) -> None:
@@ -68,6 +71,11 @@ class SweepRequest:
             raise ConfigError(f"--measure {self.measure!r}: accepted: {', '.join(MEASURES)}")
         if self.stale not in STALE_CHOICES:
             raise ConfigError(f"stale={self.stale!r}: accepted: {', '.join(STALE_CHOICES)}")
+        if self.contended and (self.force or self.stale == "only"):
+            raise ConfigError(
+                "--contended measures the contended rows again and leaves the rest: drop "
+                + ("--force" if self.force else "--only-stale")
+            )
         resolve("nodes", (self.nodes or Nodes()).validate())
         resolve("wandb_mode", tracking.resolve_mode(self.wandb_mode))
 

@@ -10,6 +10,7 @@ from importlib import metadata
 
 import torch
 
+from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.host import ram_bytes
 
@@ -130,9 +131,6 @@ def _gpu_slug(gpu: dict) -> str:
     return f"{gpu['count']}x-{slug}" if gpu["count"] > 1 else slug
 
 
-PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
-
-
 def slug(cpu: dict, gpu: dict | None) -> str:
     """A short stable name for tables: the GPU's when there is one, else the CPU's; SUITE_MACHINE overrides it."""
     override = os.environ.get("SUITE_MACHINE", "").strip()
@@ -140,7 +138,7 @@ def slug(cpu: dict, gpu: dict | None) -> str:
         # `my lab box`: my-lab-box. Only white space is rewritten: `labé` and `labü` would both become `lab-`, one
         # machine's records then taken for the other's, so any other character is refused.
         name = re.sub(r"\s+", "-", override)
-        if not PLAIN_NAME.fullmatch(name):
+        if not paths.PLAIN_NAME.fullmatch(name):
             raise ConfigError(
                 f"SUITE_MACHINE={override!r}: give a plain name (up to 100 ASCII letters, digits, '.', '_', '-', not "
                 "starting with '.' or '-'): it names the machine's folder under results/runs/"

@@ -131,6 +131,7 @@ class Index:
             f.record
             for path, f in self.files.items()
             if f.record is not None
+            and f.record.get("status") == "ok"  # (a partial one set aside holds rounds, no reference)
             and path.parent == folder
             and (path.name == name if name else path.name.startswith(f"{key}."))
         ]

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, NotRequired, TypedDict
 
+from suite.config import paths
+
 # The schema's version, saved with every record as `schema`; a record without one predates the field (version 1).
 SCHEMA_VERSION = 1
 
@@ -53,6 +55,9 @@ class Record(Outcome):
     sweep: NotRequired[str]  # the sweep it was measured in: ratios are taken within one sweep only
     wandb_dir: NotRequired[str | None]  # the offline W&B run of the cell, relative to the results folder
     migrated: NotRequired[list]  # what the store's migrations changed (suite/records/migrate.py)
+    # A partial record of another code, set aside under runs/<machine>/earlier/ when a measurement of the new code
+    # replaced it: why, and by what (its measured rounds are kept there, never folded into the new record)
+    set_aside: NotRequired[str]
     schema: NotRequired[int]  # SCHEMA_VERSION when written; absent before the field (version 1)
     # A record made by code from an earlier result file, not by the runner: the file, its commit, what made it.
     converted_from: NotRequired[dict[str, Any]]
@@ -135,6 +140,9 @@ def problems(record: Any, shape: type = Record) -> list[str]:
             for k in NUMERIC_METRICS
             if k in metrics and metrics[k] is not None and not _matches(metrics[k], float)
         ]
+    sweep = record.get("sweep")
+    if isinstance(sweep, str) and not (paths.PLAIN_NAME.fullmatch(sweep) and ".." not in sweep):
+        out.append(f"sweep {sweep[:60]!r} is not a plain name (a file name is made of it)")
     out += _config_problems(record.get("config"))
     if absolute(record.get("wandb_dir")):
         out.append("wandb_dir is an absolute path (a record keeps it relative to the results folder)")

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from suite.config import paths
 from suite.config.errors import ConfigError
 from suite.config.files import write_atomic
 from suite.records import migrate
@@ -18,13 +19,18 @@ from suite.records.schema import (  # noqa: F401 (FINISHED: here too)
     SCHEMA_VERSION,
     Record,
     absolute,
+    machine_of,
     newer,
     problems,
 )
 
 
 def run_path(results_dir: Path, key: str, machine: str) -> Path:
-    """Where the record of cell `key` measured on `machine` (its slug) lives."""
+    """Where the record of cell `key` measured on `machine` (its slug) lives; a key or slug that is not a plain name
+    (a path separator, `..`) is refused: the record would lie elsewhere than its machine's folder."""
+    for what, name in (("cell key", key), ("machine", machine)):
+        if not paths.PLAIN_NAME.fullmatch(name) or ".." in name:
+            raise ValueError(f"{what} {name!r} is not a plain name (letters, digits, '.', '_', '-'): no record path")
     return results_dir / "runs" / machine / f"{key}.json"
 
 
@@ -55,12 +61,27 @@ def read(path: Path, warn: Callable[[str], None] = print, once_: bool = True) ->
         say(path, f"warning: {path} was written by a newer suite (schema {rec['schema']}, this one reads up "
               f"to {SCHEMA_VERSION}): left untouched, not read")  # fmt: skip
         return None
-    if wrong := problems(rec):
+    if wrong := problems(rec) or misplaced(path, rec):
         said = ", ".join(wrong)
         say(path, f"warning: {path} does not match the record schema (suite/records/schema.py: {said}); "
               "measured again")  # fmt: skip
         return None
     return rec
+
+
+def misplaced(path: Path, rec: Record) -> list[str]:
+    """Where a record's content disagrees with its file's place (runs/<machine>/<key>.json, or
+    runs/<machine>/earlier/<key>.<sweep>.json): its key or its machine is another's. Such a record is a copy made
+    under another name; it is never reused or shown as the cell its path names."""
+    path = Path(path)
+    kept = path.parent.name == EARLIER
+    folder = path.parent.parent if kept else path.parent
+    name = f"{rec.get('key')}.{rec.get('sweep')}" if kept else str(rec.get("key"))
+    named = path.stem == name or (kept and path.stem.startswith(f"{name}.partial-"))  # (a partial set aside)
+    out = [] if named else [f"its key {rec.get('key')!r} is not its file's name {path.stem!r}"]
+    if folder.name != "runs" and (slug := machine_of(rec)) != folder.name:  # (a flat record predates machine folders)
+        out.append(f"its machine {slug!r} is not its folder's {folder.name!r}")
+    return out
 
 
 def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
@@ -73,7 +94,7 @@ def save(results_dir: Path, key: str, machine: str, record: Record) -> Path:
         raise ValueError(f"record {key}: its wandb_dir is absolute; a record keeps it relative to the results folder")
     path = run_path(results_dir, key, machine)
     try:
-        _keep_earlier(path, record.get("sweep"))
+        _keep_earlier(path, record)
         return write_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=str))
     finally:
         saves += 1
@@ -83,17 +104,30 @@ saves = 0  # records saved by this process: an index read before a save reads ag
 EARLIER = "earlier"  # runs/<machine>/earlier/<key>.<sweep>.json: a cell's finished records of earlier sweeps
 
 
-def _keep_earlier(path: Path, sweep: str | None) -> None:
-    """Keep the `ok` record at `path` if a record of another sweep is about to replace it: the rows measured in its
-    sweep keep their ratios to it (a reference row measured again beside a re-run of other rows)."""
+def _keep_earlier(path: Path, record: Record) -> None:
+    """Keep the record at `path` under EARLIER where `record` is about to replace it and would lose what it holds: an
+    `ok` record of another sweep (the rows measured in its sweep keep their ratios to it: a reference row measured
+    again beside a re-run of other rows), or a partial one of another code, whose measured rounds the new code's
+    record never folds in (kept with a note: nothing measured is dropped)."""
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return
-    if not isinstance(old, dict):  # valid JSON of another shape (`[]`, `42`): nothing to keep, it is replaced
+    if not isinstance(old, dict) or newer(old) or not old.get("sweep"):  # another shape, or nothing to name it by
         return
-    if old.get("status") == "ok" and old.get("sweep") and old["sweep"] != sweep and not newer(old):
-        write_atomic(path.parent / EARLIER / f"{path.stem}.{old['sweep']}.json", path.read_text())
+    code = (record.get("provenance") or {}).get("code")
+    was = (old.get("provenance") or {}).get("code") if isinstance(old.get("provenance"), dict) else None
+    if old.get("status") == "ok" and old["sweep"] != record.get("sweep"):
+        kept, text = path.parent / EARLIER / f"{path.stem}.{old['sweep']}.json", path.read_text()
+    elif str(old.get("status")).startswith("partial") and old.get("round_records") and was and code and was != code:
+        kept = path.parent / EARLIER / f"{path.stem}.{old['sweep']}.partial-{was}.json"
+        note = f"replaced by a measurement of code {code} (the rounds of code {was} are never folded into it)"
+        text = json.dumps({**old, "set_aside": note}, indent=1, sort_keys=True, default=str)
+    else:
+        return
+    if paths.inside(path.parent / EARLIER, kept) and kept.parent == path.parent / EARLIER:
+        write_atomic(kept, text)
+    # else: a sweep id that is a path (`x/../..`): the schema refuses that record, kept nowhere, never outside
 
 
 def writable(results_dir: Path, machine: str) -> None:

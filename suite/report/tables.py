@@ -539,6 +539,13 @@ def rerun_command(experiment: str, profile: str, rows: list[str], settings: list
     return f"{paths.DOCUMENTED_SUITE} run {experiment} --profile {profile} {flags} --force"
 
 
+def contended_command(experiment: str, profile: str, settings: list[str] = ()) -> str:
+    """The one short command that measures a section's contended rows again, with their reference, as they were
+    measured (their settings), leaving every other row (suite run --contended)."""
+    flags = "".join(f" {shlex.quote(f)}" for f in settings)
+    return f"{paths.DOCUMENTED_SUITE} run {experiment} --profile {profile}{flags} --contended"
+
+
 def reference_note(exp, cells, records: list[Record | None]) -> list[str]:
     """Where the reference row failed (an error, a timeout), what that takes from the section (every ratio to it)
     and the command that measures it again with the rows whose ratios it gives."""
@@ -563,12 +570,12 @@ def contended_note(exp, cells, records: list[Record | None]) -> list[str]:
         return []
     names = ", ".join(f"`{c.row.name}`" for c, _ in busy)
     settings = next((r.get("settings") for _, r in busy if r.get("settings")), [])  # one section: one variant
-    rerun = rerun_command(exp.name, cells[0].profile, [c.row.name for c, _ in busy], settings)
+    rerun = contended_command(exp.name, cells[0].profile, settings)
     details = [f"- `{c.row.name}`: {'; '.join(metrics_of(r)['contention']['reasons'])}" for c, r in busy]
     return [
         f"`contended` ({names}): the machine was busy while they were timed (the bounds: suite/measure/contention.py), "
         "so their rates may describe the machine, not the method: no rate ratio of theirs is shown (memory ratios "
-        f"are). On an idle machine: `{rerun}`.",
+        f"are). On an idle machine, `{rerun}` measures them again with their reference, and nothing else.",
         "",
         f"<details><summary>why each is contended ({len(busy)} rows)</summary>",
         "",
