@@ -87,9 +87,43 @@ class Unsettles(GradAccum):
         return out
 
 
+def _slow_linear(self, x):
+    """torch.nn.Linear's forward, twice: what an attention-replacing library's patch costs a later cell."""
+    import torch.nn.functional as F
+
+    F.linear(x, self.weight, self.bias)
+    return F.linear(x, self.weight, self.bias)
+
+
+@register("patches-linear")
+class PatchesLinear(GradAccum):
+    """Replaces torch.nn.Linear.forward for every later cell of its process and leaves it so, as an
+    attention-replacing plugin does."""
+
+    def step(self, batch):
+        import torch
+
+        torch.nn.Linear.forward = _slow_linear
+        return super().step(batch)
+
+
+@register("declares-patch")
+class DeclaresPatch(GradAccum):
+    """Changes a library's constant, which no check of functions sees, and says so (Method.patches_globals)."""
+
+    patches_globals = True
+
+    def step(self, batch):
+        import torch
+
+        torch.nn.modules.module._global_forward_hooks_always_called = {}  # (a module-level dict: not a function)
+        return super().step(batch)
+
+
 def register_again() -> None:
     """Register this module's cell-failing methods in a test process that unregistered them (the module stays
     imported, so importing it again registers nothing)."""
     made = (("always-fails", AlwaysFails), ("sleeps", Sleeps), ("dies", Dies), ("oom-killed", OomKilled))
-    for name, cls in (*made, ("unsettles", Unsettles)):
+    more = (("unsettles", Unsettles), ("patches-linear", PatchesLinear), ("declares-patch", DeclaresPatch))
+    for name, cls in (*made, *more):
         register(name)(cls)

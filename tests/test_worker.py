@@ -33,7 +33,7 @@ def plugins(monkeypatch):
 
     plugin_methods.register_again()  # after another test unregistered them
     yield
-    for name in ("always-fails", "dies", "unsettles"):
+    for name in ("always-fails", "dies", "unsettles", "patches-linear", "declares-patch"):
         registry.unregister(name)
 
 
@@ -145,3 +145,19 @@ def test_a_cell_records_only_the_host_lamb_it_asked_for():
     assert lamb["status"] == adamw["status"] == "ok", (lamb["error"], adamw["error"])
     assert lamb["provenance"]["harness"]["host_lamb"] == "fused"
     assert "host_lamb" not in adamw["provenance"]["harness"], adamw["provenance"]["harness"]
+
+
+def test_a_cell_after_one_that_patched_a_library_runs_in_a_fresh_process(tmp_path, plugins):
+    """A plugin that replaced torch.nn.Linear.forward slowed the next `grad_accum` cell in the same worker, and the
+    slowed figure was recorded. The worker now proves it is as a fresh process before each cell, or the cell runs in
+    a fresh one, and its record says why; a method that declares it patches globals ends its worker."""
+    rows = [Row("patch", "patches-linear"), Row("after", "grad_accum")]
+    fresh = _sweep(tmp_path / "fresh", rows[1:], worker=False, rounds=1)[0]
+    patched, after = _sweep(tmp_path / "pooled", rows, worker=True, rounds=1)
+    worker = after["provenance"]["worker"]
+    assert worker["pid"] != patched["provenance"]["worker"]["pid"] and worker["job"] == 1
+    assert worker["fresh_because"] == ["torch.nn.modules.linear.Linear.forward is plugin_methods._slow_linear"], worker
+    assert after["metrics"]["final_loss"] == fresh["metrics"]["final_loss"]
+    declared, after = _sweep(tmp_path / "declared", [Row("d", "declares-patch"), rows[1]], worker=True, rounds=1)
+    assert after["provenance"]["worker"]["pid"] != declared["provenance"]["worker"]["pid"]
+    assert after["provenance"]["worker"]["job"] == 1 and "fresh_because" not in after["provenance"]["worker"]

@@ -58,6 +58,9 @@ class Method(ABC):
     name: ClassVar[str] = ""
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
     options: ClassVar[dict[str, Option]] = {}
+    # True where the method changes process state that outlives its cell and suite.core.isolation cannot see (a
+    # library's constant, a C extension's mode): the long-lived worker ends after its cell, the next starts fresh.
+    patches_globals: ClassVar[bool] = False
     # Several ranks: does each rank take a shard of the minibatch (data parallel) or all of it (pipeline
     # stages)? And which torchrun module proves the multi-rank run equivalent (`suite check` launches it)?
     shards_batch: ClassVar[bool] = True

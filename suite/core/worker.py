@@ -8,8 +8,11 @@ Each job's outcome is written to its `out` path (atomically), as a cell process 
 cache, its peak statistics and memory cap, the pinned-host cache, the host's peak resident set and torch's
 per-process settings (process_settings: threads, TF32 and the FP32 matmul precision, cuDNN's and determinism's
 flags, default dtype and device, grad and anomaly modes) go back to where the worker began.
-The runner's side (suite.core.worker_client.Worker) starts it under the orphan guard, times each job out, and
-records a dead worker's job with its status. Every method takes its copy from the pool, L2L among them: the
+Before each job the worker proves it is as a fresh process would be for what the cell uses (suite.core.isolation:
+no library function replaced, none of the suite's or a plugin's set on torch or transformers, no thread left
+running); where it is not, and after a job whose method declares `patches_globals`, it ends, and the job runs in a
+fresh worker. The runner's side (suite.core.worker_client.Worker) starts it under the orphan guard, times each job
+out, and records a dead worker's job with its status. Every method takes its copy from the pool, L2L among them: the
 pool's pristine model stays resident through the job, so a job's host peak (`host_peak_gb`) holds
 `pool_held_bytes` besides its own.
 """
@@ -107,18 +110,44 @@ def run_job(job: dict, n: int) -> dict:
     return outcome
 
 
+def _write(outcome: dict, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(outcome, f, default=str)
+    os.replace(tmp, path)
+
+
+def _patches_globals(payload: dict) -> bool:
+    """Whether the job's method declares that it changes process state (Method.patches_globals)."""
+    from suite.core import registry
+
+    method = ((payload.get("run") or {}) if isinstance(payload, dict) else {}).get("method")
+    try:
+        return bool(getattr(registry.get(method), "patches_globals", False))
+    except Exception:  # noqa: BLE001 — an unknown method is the job's own error to report
+        return False
+
+
 def main() -> int:
+    from suite.core.isolation import Baseline
     from suite.harness import model
 
     model.POOL = model.ModelPool()
     STARTED_WITH.update(process_settings())
+    baseline = Baseline()
     for n, line in enumerate(sys.stdin, 1):
         job = json.loads(line)
+        gc.collect()  # the last job's objects, and what they hold (a method's host thread), go first
+        if n > 1 and (taint := baseline.taint()):  # not as a fresh process would be: the job goes to a fresh one
+            _write({"worker_tainted": taint}, job["out"])
+            return 0
         outcome = run_job(job, n)
-        tmp = job["out"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(outcome, f, default=str)
-        os.replace(tmp, job["out"])
+        ends = _patches_globals(job["payload"])  # declared: no later job runs in this process
+        if ends and isinstance((outcome.get("provenance") or {}).get("worker"), dict):
+            outcome["provenance"]["worker"]["ends"] = "its method declares patches_globals"  # the client waits for it
+        _write(outcome, job["out"])
+        if ends:
+            return 0
     return 0
 
 

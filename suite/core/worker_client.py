@@ -42,8 +42,9 @@ class Worker:
         )
         self.started += 1
 
-    def run(self, payload: dict, timeout: float) -> Outcome:
-        """One cell in the worker; returns its outcome, or the status it gets without one."""
+    def run(self, payload: dict, timeout: float, fresh: bool = False) -> Outcome:
+        """One cell in the worker; returns its outcome, or the status it gets without one. Where the worker finds
+        itself unlike a fresh process (suite.core.isolation), the cell runs in a new worker (`fresh`)."""
         if self.proc is None or interrupts.poll(self.proc) is not None:
             self._start()
         self.jobs += 1
@@ -66,9 +67,19 @@ class Worker:
             status = "error: interrupted"
         except BrokenPipeError:
             status = "error: the worker was gone before its job"
+        if status is None and (taint := _tainted(out_path)) and not fresh:
+            # an earlier job left the worker unlike a fresh process: this job runs in a new one, and says why
+            self.stop()
+            outcome = self.run(payload, timeout, fresh=True)
+            worker = (outcome.get("provenance") or {}).get("worker")
+            if isinstance(worker, dict):
+                worker["fresh_because"] = taint
+            return outcome
         if status is None:
             outcome, status = read_outcome(out_path)
             if outcome is not None:
+                if ((outcome.get("provenance") or {}).get("worker") or {}).get("ends"):
+                    self.stop()  # the worker ends after this job: the next starts a fresh one, never writes to it
                 return outcome
         # A worker that failed a job is not trusted with another; one interrupted or past its time is not waited for.
         self.stop(kill=status in ("error: interrupted", "timeout"))
@@ -99,6 +110,16 @@ class Worker:
     def close(self) -> None:
         self.stop()
         self.tmp.cleanup()
+
+
+def _tainted(out_path: str) -> list[str] | None:
+    """What the worker found unlike a fresh process before a job (suite.core.isolation), where it found anything."""
+    try:
+        with open(out_path) as f:
+            said = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return said.get("worker_tainted") if isinstance(said, dict) else None
 
 
 _shared: Worker | None = None
