@@ -176,10 +176,10 @@ def test_a_figure_listing_that_leads_out_of_the_figures_folder_removes_nothing_t
     outside.write_text("mine")
     listing = tmp_path / "results" / "figures" / "written" / "table2.txt"
     listing.parent.mkdir(parents=True)
-    listing.write_text("../../keep.md\n")
+    listing.write_text("../../keep.md\n.\nwritten\n")  # (a folder's own name crashed the removal)
     said = []
     assert _figures_dropped(exp, tmp_path / "results", [], said.append) == []
-    assert outside.read_text() == "mine" and "outside" in said[0] and "left as it is" in said[0]
+    assert outside.read_text() == "mine" and len(said) == 3 and all("not a figure in" in x for x in said), said
 
 
 def test_a_partial_record_of_another_code_is_set_aside_with_a_note_not_dropped(tmp_path):
@@ -198,8 +198,9 @@ def test_a_partial_record_of_another_code_is_set_aside_with_a_note_not_dropped(t
     (aside,) = earlier.iterdir()
     kept = json.loads(aside.read_text())
     assert aside.name == "k.s1.partial-c0.json" and kept["round_records"] == partial("c0", "s1")["round_records"]
-    assert kept["set_aside"].startswith("replaced by a measurement of code c1")
+    assert kept["set_aside"].startswith("replaced by a record of code c1")
     index = Index(tmp_path)
     seen = []
-    assert [r["sweep"] for r in index.history(index.cell("k", "m", warn=seen.append))] == ["s1"] and seen == []
+    assert index.files[aside].record["set_aside"] == kept["set_aside"] and index.files[aside].warning is None
+    assert index.history(index.cell("k", "m", warn=seen.append)) == [] and seen == []  # evidence, not a figure
     assert index.kept("k", "m") == []  # a reference is an `ok` record; a set-aside partial is none

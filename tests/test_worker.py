@@ -156,7 +156,9 @@ def test_a_cell_after_one_that_patched_a_library_runs_in_a_fresh_process(tmp_pat
     patched, after = _sweep(tmp_path / "pooled", rows, worker=True, rounds=1)
     worker = after["provenance"]["worker"]
     assert worker["pid"] != patched["provenance"]["worker"]["pid"] and worker["job"] == 1
-    assert worker["fresh_because"] == ["torch.nn.modules.linear.Linear.forward is plugin_methods._slow_linear"], worker
+    assert worker["fresh_because"] == ["torch.nn.modules.linear.Linear.forward is _slow_linear (plugin_methods.py)"], (
+        worker
+    )
     assert after["metrics"]["final_loss"] == fresh["metrics"]["final_loss"]
     declared, after = _sweep(tmp_path / "declared", [Row("d", "declares-patch"), rows[1]], worker=True, rounds=1)
     assert after["provenance"]["worker"]["pid"] != declared["provenance"]["worker"]["pid"]

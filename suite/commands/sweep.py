@@ -123,9 +123,9 @@ def _figures_dropped(exp: Experiment, results_dir: Path, figures: list[Path], pr
         named = [folder / n for n in listing.read_text().split("\n") if n]
     except FileNotFoundError:
         named = [*folder.glob(f"{exp.name}_*.png"), *folder.glob(f"front_{exp.name}_*.png")]
-    before = {p for p in named if paths.inside(folder, p)}
-    for p in sorted(set(named) - before):  # a name that leads out of the figures folder: nothing of it removed
-        progress(f"warning: {listing} names {p}, outside {folder}: left as it is")
+    before = {p for p in named if paths.inside(folder, p) and p.parent == folder and p.suffix == ".png"}
+    for p in sorted(set(named) - before):  # a name that is no figure of the folder's: nothing of it removed
+        progress(f"warning: {listing} names {p}, not a figure in {folder}: left as it is")
     now = {p.resolve() for p in figures}
     gone = sorted(p for p in before if p.resolve() not in now and p.exists())
     for p in gone:

@@ -30,8 +30,13 @@ GLUE_DIR_ENV = "SUITE_GLUE_DIR"
 DOCUMENTED_SUITE = ".venv/bin/python -m suite"
 
 
-# A name that is one folder's or file's, never a path: what a machine slug and a sweep id are.
+# A name that is one folder's or file's, never a path: what a machine slug, a cell key and a sweep id are.
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
+def plain(name: str) -> bool:
+    """Whether `name` is a plain name (PLAIN_NAME, and no `..` anywhere in it)."""
+    return isinstance(name, str) and bool(PLAIN_NAME.fullmatch(name)) and ".." not in name
 
 
 def inside(root: Path | str, path: Path | str) -> bool:

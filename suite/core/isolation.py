@@ -19,6 +19,7 @@ jobs (suite.core.worker.between_cells). Each check takes some tens of millisecon
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -39,18 +40,17 @@ def _function(value):
 
 
 def _values(name: str, mod) -> list[tuple[str, object]]:
-    """Every function and class of module `name`, and every function of the classes it defines, by label."""
+    """Every callable of module `name` (functions, builtins, classes, partials), and every callable of the classes it
+    defines, by label."""
     d = getattr(mod, "__dict__", None)
     if not isinstance(d, dict):
         return []
     out = []
     for attr, value in list(d.items()):
-        if isinstance(value, (types.FunctionType, type)):
+        if callable(value):
             out.append((attr, value))
         if isinstance(value, type) and value.__dict__.get("__module__") == name:
-            out += [
-                (f"{attr}.{a}", f) for a, f in list(vars(value).items()) if isinstance(_function(f), types.FunctionType)
-            ]
+            out += [(f"{attr}.{a}", f) for a, f in list(vars(value).items()) if callable(_function(f))]
     return [(label, _function(v)) for label, v in out]
 
 
@@ -63,16 +63,45 @@ def _watched() -> list[tuple[str, types.ModuleType]]:
     return [(n, m) for n, m in list(sys.modules.items()) if m is not None and n.split(".")[0] in LIBRARIES]
 
 
-def _ours(module: str | None) -> bool:
-    """Whether code of `module` is the suite's tree or a plugin's: a file under the repository that is not in an
-    installed library (a virtual environment's site-packages lies under it too)."""
-    mod = sys.modules.get(module or "")
-    file = (getattr(mod, "__dict__", None) or {}).get("__file__")
-    if not file:
-        return False
-    path = Path(file).resolve()
-    in_tree = path.is_relative_to(Path(paths.ROOT).resolve()) and "site-packages" not in path.parts
-    return in_tree or (module or "").split(".")[0] in os.environ.get("SUITE_PLUGINS", "").split(",")
+@functools.cache
+def _place(filename: str) -> str:
+    """Where a function's source file lies: "library" (torch's or transformers' installed files), "ours" (the suite's
+    tree or a plugin: under the repository, in no installed library), else "other" (the standard library, another
+    package, generated code such as a dataclass's `<string>`)."""
+    if not filename or filename.startswith("<"):
+        return "other"
+    path = Path(os.path.realpath(filename))
+    dirs = [Path(os.path.realpath((vars(sys.modules[n]).get("__file__") or ""))).parent for n in LIBRARIES
+            if n in sys.modules]  # fmt: skip
+    if any(path.is_relative_to(d) for d in dirs):
+        return "library"
+    if path.is_relative_to(Path(os.path.realpath(paths.ROOT))) and "site-packages" not in path.parts:
+        return "ours"
+    return "other"
+
+
+def _file(value) -> str | None:
+    """The source file of a Python function (a wrapper's own, not the name functools.wraps copied onto it)."""
+    return value.__code__.co_filename if isinstance(value, types.FunctionType) else None
+
+
+def _library_own(value) -> bool:
+    """Whether `value` is torch's or transformers' own: a Python function whose code lies in their installed files, or
+    a builtin or class they define (a patch is neither: its code is the patcher's, whatever name it copies)."""
+    file = _file(value)
+    if file is not None:
+        return _place(file) == "library"
+    if isinstance(value, type):
+        return str(value.__dict__.get("__module__")).split(".")[0] in LIBRARIES
+    if isinstance(value, types.BuiltinFunctionType):
+        return str(value.__module__).split(".")[0] in (*LIBRARIES, "builtins", "None")
+    return False
+
+
+def _ours(value) -> bool:
+    """Whether `value` is a function of the suite's tree or a plugin's."""
+    file = _file(value)
+    return file is not None and _place(file) == "ours"
 
 
 class Baseline:
@@ -100,14 +129,12 @@ class Baseline:
             for name, mod in _watched():
                 seen = self.members.get(name, {})
                 for label, value in _values(name, mod):
-                    origin = (
-                        getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type)) else None
-                    )
-                    if str(origin).split(".")[0] in LIBRARIES:
+                    if _library_own(value):
                         continue  # the library's own (torch._dynamo wraps torch.manual_seed when it is imported)
-                    changed = label in seen and seen[label] != id(value)
-                    if changed or (isinstance(value, types.FunctionType) and _ours(origin)):
-                        said.append(f"{name}.{label} is {origin}.{getattr(value, '__qualname__', '?')}")
+                    if (label in seen and seen[label] != id(value)) or _ours(value):
+                        file = _file(value)
+                        said.append(f"{name}.{label} is {getattr(value, '__qualname__', type(value).__name__)}"
+                                    + (f" ({Path(file).name})" if file else ""))  # fmt: skip
             alive = [t for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()]
             for t in alive:  # a pool shut down as its method was collected ends in a moment: it is waited for
                 t.join(timeout=THREAD_GRACE_S)

@@ -199,7 +199,7 @@ def count_stale(record: Record) -> str | None:
     fake tensors, so those decide it, with the cell's config in its key); None where both are the same."""
     prov = record.get("provenance") or {}
     made, now = (prov.get("torch"), prov.get("transformers")), versions()
-    if made == now:
+    if made == now or made == (None, None):  # (a count that states none: an oom or error, no count to redo)
         return None
     return f"counted under torch {made[0]}, transformers {made[1]}; this is torch {now[0]}, transformers {now[1]}"
 
@@ -298,10 +298,12 @@ def _decide(
         return Decision(cell, TWIN, said, twin)
     planned, cannot = p.planned(cell), None
     if req.contended:  # only the rows timed on a busy machine, measured again (their reference beside them)
-        if is_timed(cell.kind) and cached and status_of(cached).finished and contended(cached.get("metrics") or {}):
+        busy = is_timed(cell.kind) and cached and status_of(cached).finished and contended(cached.get("metrics") or {})
+        if busy and (cannot := not_run_reason(cell, req.measure, unavailable)) is None:
             progress(f"{tag}: contended ({cached['status']}, timed on a busy machine): measured again")
             return Decision(cell, STALE, f"{cached['status']} contended", rounds=planned)
-        return Decision(cell, LEFT, "not contended: left as it stands (--contended)", cached)
+        why = f"contended, kept: it cannot be measured again here ({cannot})" if busy else "not contended"
+        return Decision(cell, LEFT, f"{why}: left as it stands (--contended)", cached)
     if cached and status_of(cached).finished and not req.force:
         why = stale_reason(cached) if is_timed(cell.kind) else count_stale(cached) if cell.spec.on_host else None
         if why is not None and (cannot := not_run_reason(cell, req.measure, unavailable)) is not None:

@@ -26,6 +26,8 @@ import sys
 
 import torch
 
+from suite.config.files import write_atomic
+
 
 def process_settings() -> dict:
     """What torch keeps per process that changes a cell's numbers or speed if one cell leaves it changed: the
@@ -110,14 +112,7 @@ def run_job(job: dict, n: int) -> dict:
     return outcome
 
 
-def _write(outcome: dict, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(outcome, f, default=str)
-    os.replace(tmp, path)
-
-
-def _patches_globals(payload: dict) -> bool:
+def patches_globals(payload: dict) -> bool:
     """Whether the job's method declares that it changes process state (Method.patches_globals)."""
     from suite.core import registry
 
@@ -139,14 +134,10 @@ def main() -> int:
         job = json.loads(line)
         gc.collect()  # the last job's objects, and what they hold (a method's host thread), go first
         if n > 1 and (taint := baseline.taint()):  # not as a fresh process would be: the job goes to a fresh one
-            _write({"worker_tainted": taint}, job["out"])
+            write_atomic(job["out"], json.dumps({"worker_tainted": taint}))
             return 0
-        outcome = run_job(job, n)
-        ends = _patches_globals(job["payload"])  # declared: no later job runs in this process
-        if ends and isinstance((outcome.get("provenance") or {}).get("worker"), dict):
-            outcome["provenance"]["worker"]["ends"] = "its method declares patches_globals"  # the client waits for it
-        _write(outcome, job["out"])
-        if ends:
+        write_atomic(job["out"], json.dumps(run_job(job, n), default=str))
+        if patches_globals(job["payload"]):  # declared: no later job runs in this process (the client knows it too)
             return 0
     return 0
 

@@ -12,6 +12,7 @@ import time
 from suite.config import paths
 from suite.core import interrupts
 from suite.core.process import Scratch, cell_env, exit_status, oom_kills, read_outcome
+from suite.core.worker import patches_globals
 from suite.records.schema import Outcome, failed
 
 
@@ -78,8 +79,8 @@ class Worker:
         if status is None:
             outcome, status = read_outcome(out_path)
             if outcome is not None:
-                if ((outcome.get("provenance") or {}).get("worker") or {}).get("ends"):
-                    self.stop()  # the worker ends after this job: the next starts a fresh one, never writes to it
+                if patches_globals(payload):  # its worker ends after it: the next job starts a fresh one
+                    self.stop()
                 return outcome
         # A worker that failed a job is not trusted with another; one interrupted or past its time is not waited for.
         self.stop(kill=status in ("error: interrupted", "timeout"))

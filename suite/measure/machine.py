@@ -138,7 +138,7 @@ def slug(cpu: dict, gpu: dict | None) -> str:
         # `my lab box`: my-lab-box. Only white space is rewritten: `labé` and `labü` would both become `lab-`, one
         # machine's records then taken for the other's, so any other character is refused.
         name = re.sub(r"\s+", "-", override)
-        if not paths.PLAIN_NAME.fullmatch(name):
+        if not paths.plain(name):
             raise ConfigError(
                 f"SUITE_MACHINE={override!r}: give a plain name (up to 100 ASCII letters, digits, '.', '_', '-', not "
                 "starting with '.' or '-'): it names the machine's folder under results/runs/"

@@ -234,6 +234,7 @@ class Index:
             for rec in self._rows.get(row_key(record), [])
             if (rec.get("key"), rec.get("sweep"), rec.get("finished")) != me
             and (status_of(rec).finished or status_of(rec).measured)
+            and not rec.get("set_aside")  # a partial set aside: its rounds are kept, not a row's latest figure
         ]
         return sorted(found, key=lambda r: str(r.get("finished") or ""))
 

@@ -141,7 +141,7 @@ def problems(record: Any, shape: type = Record) -> list[str]:
             if k in metrics and metrics[k] is not None and not _matches(metrics[k], float)
         ]
     sweep = record.get("sweep")
-    if isinstance(sweep, str) and not (paths.PLAIN_NAME.fullmatch(sweep) and ".." not in sweep):
+    if isinstance(sweep, str) and not paths.plain(sweep):
         out.append(f"sweep {sweep[:60]!r} is not a plain name (a file name is made of it)")
     out += _config_problems(record.get("config"))
     if absolute(record.get("wandb_dir")):

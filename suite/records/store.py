@@ -29,7 +29,7 @@ def run_path(results_dir: Path, key: str, machine: str) -> Path:
     """Where the record of cell `key` measured on `machine` (its slug) lives; a key or slug that is not a plain name
     (a path separator, `..`) is refused: the record would lie elsewhere than its machine's folder."""
     for what, name in (("cell key", key), ("machine", machine)):
-        if not paths.PLAIN_NAME.fullmatch(name) or ".." in name:
+        if not paths.plain(name):
             raise ValueError(f"{what} {name!r} is not a plain name (letters, digits, '.', '_', '-'): no record path")
     return results_dir / "runs" / machine / f"{key}.json"
 
@@ -119,9 +119,10 @@ def _keep_earlier(path: Path, record: Record) -> None:
     was = (old.get("provenance") or {}).get("code") if isinstance(old.get("provenance"), dict) else None
     if old.get("status") == "ok" and old["sweep"] != record.get("sweep"):
         kept, text = path.parent / EARLIER / f"{path.stem}.{old['sweep']}.json", path.read_text()
-    elif str(old.get("status")).startswith("partial") and old.get("round_records") and was and code and was != code:
+    elif str(old.get("status")).startswith("partial") and old.get("round_records") and was and was != code:
+        # (a record of no code, a failure before any round, folded none of these rounds in either)
         kept = path.parent / EARLIER / f"{path.stem}.{old['sweep']}.partial-{was}.json"
-        note = f"replaced by a measurement of code {code} (the rounds of code {was} are never folded into it)"
+        note = f"replaced by a record of code {code} (the rounds of code {was} are never folded into it)"
         text = json.dumps({**old, "set_aside": note}, indent=1, sort_keys=True, default=str)
     else:
         return

@@ -188,9 +188,16 @@ ID_MAX = 64  # W&B's longest run id
 def run_id(record: Record) -> str:
     """A record's W&B run id, from its machine and cell key alone: exporting the record again, or a later measurement
     of the same cell on the same machine, updates the same run and never makes a second one."""
-    raw = f"{machine_of(record)}-{record.get('key') or ''}"
+    return safe_id(f"{machine_of(record)}-{record.get('key') or ''}")
+
+
+def safe_id(raw: str) -> str:
+    """`raw` as a W&B run id: itself where it is one, else its allowed characters and a digest of it (so that two
+    names one rewriting would make alike, `lab.box` and `lab-box`, never share an id)."""
     rid = re.sub(r"[^A-Za-z0-9_-]", "-", raw)
-    return rid if len(rid) <= ID_MAX else f"{rid[: ID_MAX - 17]}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
+    if rid == raw and len(rid) <= ID_MAX:
+        return rid
+    return f"{rid[: ID_MAX - 17]}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
 
 
 def offline_runs(dir: str | Path, rid: str | None = None) -> dict[str, list[Path]]:
@@ -237,9 +244,16 @@ def _manifest(dir: str | Path) -> dict:
         return {}
 
 
+def _written(dir: str | Path, mode: str, rid: str) -> dict:
+    """What the manifest says of run `rid` as last written in `mode`: its digest and summary keys ({} if nothing)."""
+    book = _manifest(dir).get(mode)
+    entry = book.get(rid) if isinstance(book, dict) else None
+    return entry if isinstance(entry, dict) else {}
+
+
 def unchanged(dir: str | Path, mode: str, run: RunPayload) -> bool:
     """Whether `run` was last written in `mode` with this content (and, offline, its folder is still there)."""
-    if _manifest(dir).get(mode, {}).get(run.rid) != run.digest():
+    if _written(dir, mode, run.rid).get("digest") != run.digest():
         return False
     return mode != "offline" or bool(offline_runs(dir, run.rid))
 
@@ -254,6 +268,10 @@ def log_run(run: RunPayload, mode: str, dir: str | None = None) -> str | None:
         return None
     dir = dir or folder(paths.RESULTS_DIR)
     earlier = offline_runs(dir, run.rid).get(run.rid, [])
+    # W&B merges a resumed run's summary: a key this content no longer has (a ratio the table now withholds, a
+    # suspect reason cleared) is written as null, never left standing from an earlier export
+    before = {k for m in ("offline", "online") for k in _written(dir, m, run.rid).get("keys", [])}
+    summary = {**dict.fromkeys(before - set(run.summary)), **run.summary}
     with _data_beside(dir):
         live = _run(wandb, experiment=run.group, name=run.name, job_type=run.job_type, mode=mode, dir=dir,
                     config=run.config, run_id=run.rid, tags=run.tags)  # fmt: skip
@@ -262,7 +280,7 @@ def log_run(run: RunPayload, mode: str, dir: str | None = None) -> str | None:
                 row_ = {k: v for k, v in row.items() if k != "step" and v is not None}
                 live.log(row_, step=int(row["step"]), commit=True)  # committed now: the summary below comes last
             # NaN/None are stored as null (and inf as "Infinity") by wandb itself; nothing to sanitise.
-            live.summary.update(run.summary)
+            live.summary.update(summary)
             written, wrote = str(live.settings.sync_dir), "offline" if live.offline else "online"
         finally:
             live.finish()
@@ -271,7 +289,9 @@ def log_run(run: RunPayload, mode: str, dir: str | None = None) -> str | None:
             if old.resolve() != Path(written).resolve():
                 shutil.rmtree(old, ignore_errors=True)
     book = _manifest(dir)
-    book.setdefault(wrote, {})[run.rid] = run.digest()
+    if not isinstance(book.get(wrote), dict):
+        book[wrote] = {}
+    book[wrote][run.rid] = {"digest": run.digest(), "keys": sorted(run.summary)}
     Path(dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(dir, MANIFEST), json.dumps(book, indent=0, sort_keys=True))
     return written
@@ -299,7 +319,7 @@ def log_table(
 
 def _log_table(wandb, experiment, columns, rows, mode, dir, config) -> str:
     sweep = (config or {}).get("sweep")
-    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"table-{experiment}-{sweep}") if sweep else None
+    run_id = safe_id(f"table-{experiment}-{sweep}") if sweep else None
     run = _run(
         wandb,
         experiment=experiment,

@@ -9,6 +9,7 @@ beside the definition)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -105,19 +106,24 @@ def build(defn: dict[str, Any], entity: str):
 
 
 def publish(defn: dict[str, Any], dir: str | Path) -> str:
-    """Create the report online, or update the one an earlier export created (its URL beside the definition);
-    returns its URL."""
+    """Create the report online, or update the one an earlier export created (its URL beside the definition); a
+    definition unchanged since it was last published is not sent again; returns the report's URL."""
     import wandb
     import wandb_workspaces.reports.v2 as wr
 
     keep = path_of(dir, defn["experiment"]).with_suffix(".url")
-    entity = wandb.Api().default_entity
-    report = build(defn, entity)
-    if keep.exists():
-        earlier = wr.Report.from_url(keep.read_text().strip())
+    digest = hashlib.sha256(json.dumps(defn, sort_keys=True).encode()).hexdigest()[:20]
+    said = keep.read_text().split() if keep.exists() else []
+    if len(said) == 2 and said[1] == digest:
+        return said[0]
+    report = build(defn, wandb.Api().default_entity)
+    try:
+        earlier = wr.Report.from_url(said[0]) if said else None
+    except Exception:  # noqa: BLE001 — a report deleted since, or not readable: a new one is made
+        earlier = None
+    if earlier is not None:
         earlier.title, earlier.description, earlier.blocks = report.title, report.description, report.blocks
         report = earlier
     report.save()
-    keep.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(keep, report.url + "\n")
+    write_atomic(keep, f"{report.url} {digest}\n")
     return report.url

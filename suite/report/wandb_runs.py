@@ -73,7 +73,8 @@ def _history(metrics: dict) -> list[dict]:
     """A record's history: each timing round of a rate (`throughput` by round) and a fine-tuning run's steps."""
     rows: dict[int, dict] = {}
     for key in RATES:
-        for i, v in enumerate(metrics.get(f"{key}_rounds") or []):
+        rounds = metrics.get(f"{key}_rounds")
+        for i, v in enumerate(rounds if isinstance(rounds, list) else []):
             if _number(v) is not None:
                 rows.setdefault(i, {"step": i})[key] = v
     for h in metrics.get("history") or []:
@@ -213,10 +214,15 @@ def payloads(
     exps = known(experiments)
     shown: dict[str, RunPayload] = {}
     for name in sorted({str(r.get("experiment")) for r in every}):
-        if (exp := exps.get(name)) is not None:
+        if (exp := exps.get(name)) is None:
+            continue
+        try:
             for title, cells, records in tables.sections(exp, results_dir, warn):
                 for run in section_payloads(exp, title, cells, records):
                     shown.setdefault(run.rid, run)
+        except Exception as exc:  # noqa: BLE001 — one table that cannot be read keeps no other record from W&B
+            warn(f"warning: {name}'s table could not be read ({type(exc).__name__}: {exc}); its records are exported "
+                 "with their figures alone")  # fmt: skip
     runs = {}
     for rec in every:
         rid = tracking.run_id(rec)
