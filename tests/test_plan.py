@@ -316,9 +316,8 @@ def test_a_twin_that_finished_badly_gives_the_row_its_status_and_across_nodes_a_
     assert same_as(across, c4, "m") is None
 
 
-def test_a_count_made_on_another_cpu_by_the_same_code_and_versions_is_reused(tmp_path, rows):
-    """Counts run on fake tensors: a new machine takes another's count of the same cell where the code and torch's
-    and transformers' versions are the same (no re-count on every CPU fingerprint), and counts again where not."""
+def _a_count(tmp_path, rows):
+    """A count request for the row `done`, its cell, and an `ok` count of it by this code, torch and transformers."""
     from suite.measure.provenance import versions
 
     req = SweepRequest(
@@ -327,7 +326,14 @@ def test_a_count_made_on_another_cpu_by_the_same_code_and_versions_is_reused(tmp
     (cell,) = expand(req)
     torch_v, transformers_v = versions()
     prov = {"methodology": "1", "code": code_digest(), "torch": torch_v, "transformers": transformers_v}
-    counted = {"status": "ok", "metrics": {"memory_gb": 1.5}, "error": None, "provenance": prov}
+    return req, cell, {"status": "ok", "metrics": {"memory_gb": 1.5}, "error": None, "provenance": prov}
+
+
+def test_a_count_made_on_another_cpu_by_the_same_code_and_versions_is_reused(tmp_path, rows):
+    """Counts run on fake tensors: a new machine takes another's count of the same cell where the code and torch's
+    and transformers' versions are the same (no re-count on every CPU fingerprint), and counts again where not."""
+    req, cell, counted = _a_count(tmp_path, rows)
+    prov = counted["provenance"]
     Recorder(req, {"slug": "cpu-a"}, "s", print).save(cell, counted)
     seen = []
     (d,) = plan(req, [cell], "cpu-b", seen.append).decisions
@@ -344,21 +350,17 @@ def test_a_count_made_on_another_cpu_by_the_same_code_and_versions_is_reused(tmp
 def test_a_count_of_this_machine_made_under_another_transformers_is_counted_again(tmp_path, rows):
     """A count made under transformers 5.23.0 was reused under 5.24.0, where docs/experiments.md says a count is
     reused only from the same torch and transformers."""
-    from suite.measure.provenance import versions
-
-    req = SweepRequest(
-        make_experiment(rows), "tiny", only=["done"], results_dir=tmp_path, wandb_mode="off", measure="count"
-    )
-    (cell,) = expand(req)
-    torch_v, transformers_v = versions()
-    prov = {"methodology": "1", "code": code_digest(), "torch": torch_v, "transformers": transformers_v}
-    counted = {"status": "ok", "metrics": {"memory_gb": 1.5}, "error": None, "provenance": prov}
+    req, cell, counted = _a_count(tmp_path, rows)
+    prov = counted["provenance"]
     Recorder(req, {"slug": "m"}, "s", print).save(cell, counted)
     assert plan(req, [cell], "m", print).decisions[0].action == REUSED
     Recorder(req, {"slug": "m"}, "s", print).save(cell, {**counted, "provenance": {**prov, "transformers": "0.1"}})
     seen = []
     (d,) = plan(req, [cell], "m", seen.append).decisions
-    assert d.action == STALE and f"transformers 0.1; this is torch {torch_v}, transformers {transformers_v}" in d.why
+    assert (
+        d.action == STALE
+        and f"transformers 0.1; this is torch {prov['torch']}, transformers {prov['transformers']}" in d.why
+    )
     assert any("stale" in s and "measured again" in s for s in seen), seen
 
 

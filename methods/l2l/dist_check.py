@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     w0 = subject.state_dict()
     batches = (b.shard(rank, world) for b in synthetic_batches(run, padded=True))
     reference = ref_batches = None
+    ref_precision = reference_precision(run, args.against)  # (refused here, on every rank, where it is no check)
     if rank == 0:
         # The same global minibatch cut into the same micro-batches as the ranks cut their shards
         # into, so that the only differences left are the ranks' summation order.
@@ -58,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
             method=args.against,
             ranks=1,
             options={},
-            precision=reference_precision(run, args.against),
+            precision=ref_precision,
             micro_batch_size=run.micro_batch_size // world,
             num_micro_batches=run.num_micro_batches * world,
         )
         reference, ref_batches = build_method(ref_run, device), synthetic_batches(ref_run, padded=True)
     losses, states, ref_states = [], [], []
-    every = per_step(run.precision, reference_precision(run, args.against))  # each step's weights compared
+    every = per_step(run.precision, ref_precision)  # each step's weights compared
     for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         stats = subject.step(next(batches))
         kept = every or i == args.steps - 1

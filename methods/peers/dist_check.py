@@ -62,7 +62,8 @@ def check_one(method: str, args) -> bool:
     if cls.shards_batch:
         batches = (b.shard(rank, world) for b in batches)
     losses, states = [], []
-    every = per_step(run.precision, reference_precision(run, args.against))  # each step's weights compared
+    ref_precision = reference_precision(run, args.against)
+    every = per_step(run.precision, ref_precision)  # each step's weights compared
     for i in range(args.steps):  # the weights after each step where 16-bit updates are compared step by step
         losses.append(subject.step(next(batches)).loss)
         if every or i == args.steps - 1:
@@ -70,9 +71,7 @@ def check_one(method: str, args) -> bool:
 
     reference, ref_states = None, []
     if rank == 0:
-        ref_run = dataclasses.replace(
-            run, method=args.against, options={}, ranks=1, precision=reference_precision(run, args.against)
-        )
+        ref_run = dataclasses.replace(run, method=args.against, options={}, ranks=1, precision=ref_precision)
         if cls.shards_batch:  # the ranks' micro-batches, one after another on one rank
             ref_run = dataclasses.replace(
                 ref_run, micro_batch_size=run.micro_batch_size // world, num_micro_batches=run.num_micro_batches * world
