@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import torch
 
 from suite.config.errors import ConfigError, did_you_mean
-from suite.core.catalogue import Catalogue, Entry
+from suite.core import method_catalogue
+from suite.measure.sources import locate
 
 
 @dataclass(frozen=True)
@@ -194,39 +195,9 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-# Every method by name and the module that registers it, imported only when the name is first asked for (as kinds
-# and experiments are). A method file added to baselines/ or methods/ without a line here still works: a name no one
-# lists makes the registry import the unlisted modules there that register something (and SUITE_PLUGINS' modules).
-METHODS = Catalogue(
-    "method",
-    [
-        (name, Entry(module))
-        for module, names in (
-            ("baselines.grad_accum", ("grad_accum",)),
-            ("baselines.amp", ("amp",)),
-            ("methods.l2l.method", ("l2l", "l2l-cmp")),
-            ("methods.gpipe", ("gpipe",)),
-            ("methods.pipedream_flush", ("pipedream-flush",)),
-            ("methods.pipedream_2bw", ("pipedream-2bw",)),
-            ("methods.pipedream_2bw_reference", ("2bw-reference",)),
-            ("methods.peers.fsdp", ("fsdp-offload",)),
-            ("methods.peers.deepspeed_offload", ("deepspeed-offload", "deepspeed-infinity")),
-            (
-                "methods.peers.torch_pipelining",
-                (
-                    "torch-gpipe",
-                    "torch-1f1b",
-                    "torch-interleaved-1f1b",
-                    "torch-looped-bfs",
-                    "torch-zero-bubble",
-                    "torch-zbv",
-                    "torch-dualpipev",
-                ),
-            ),  # fmt: skip
-        )
-        for name in names
-    ],
-)
+# Every method by name and the module that registers it (suite/core/method_catalogue.py, a list of names that no
+# cell's code includes: what a line decides, its method's module, is in that cell's code already).
+METHODS = method_catalogue.METHODS
 PACKAGES = ("baselines", "methods")  # where an unlisted method file is looked for
 _DISCOVERED = False
 
@@ -239,34 +210,70 @@ def _discover() -> None:
         return
     _DISCOVERED = True
     load_plugins()
-    listed = {e.where for e in (METHODS.entry(n) for n in METHODS.names())}
-    for pkg_name in PACKAGES:
-        spec = importlib.util.find_spec(pkg_name)
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        for root in spec.submodule_search_locations:
-            for path in sorted(Path(root).rglob("*.py")):
-                parts = path.relative_to(root).with_suffix("").parts
-                module = ".".join((pkg_name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
-                if module not in listed and _registers(path):
-                    importlib.import_module(module)
+    plugins = set(plugin_names())
+    for module, path in _candidates():
+        if module not in plugins and path is not None and _registers(path):
+            importlib.import_module(module)
 
 
 def _registers(path: Path) -> bool:
     """Whether a module's source calls the registry's `register` (`@register("name")`, `register(name)(cls)`,
     `@registry.register(...)`), read as syntax, not imported: not `atexit.register(...)`, nor a word in a comment."""
+    return _registrations(path) != set()
+
+
+def _registrations(path: Path) -> set[str] | None:
+    """The names a module's source registers, read as syntax: the set of literal names (empty where it registers
+    none), or None where a call names its method otherwise (a variable): only importing it can tell."""
     try:
         tree = ast.parse(path.read_text(errors="replace"))
-    except SyntaxError:
-        return False
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             f = node.func
-            if isinstance(f, ast.Name) and f.id == "register":
-                return True
-            if isinstance(f, ast.Attribute) and f.attr == "register" and getattr(f.value, "id", "") == "registry":
-                return True
-    return False
+            called = (isinstance(f, ast.Name) and f.id == "register") or (
+                isinstance(f, ast.Attribute) and f.attr == "register" and getattr(f.value, "id", "") == "registry"
+            )
+            if not called:
+                continue
+            arg = node.args[0] if node.args else None
+            if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+                return None
+            names.add(arg.value)
+    return names
+
+
+def _candidates() -> list[tuple[str, Path | None]]:
+    """SUITE_PLUGINS' modules and the unlisted modules of PACKAGES, each with its file (None where none is found)."""
+    out = []
+    for m in plugin_names():
+        if (path := locate(m)) is None and importlib.util.find_spec(m.partition(".")[0]) is None:
+            raise _no_plugin(m)  # (a plugin installed as a distribution is found, by importing it)
+        out.append((m, path))
+    listed = {e.where for e in (METHODS.entry(n) for n in METHODS.names())}
+    for pkg_name in PACKAGES:
+        spec = importlib.util.find_spec(pkg_name)
+        for root in (spec.submodule_search_locations or []) if spec is not None else []:
+            for path in sorted(Path(root).rglob("*.py")):
+                parts = path.relative_to(root).with_suffix("").parts
+                module = ".".join((pkg_name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+                if module not in listed:
+                    out.append((module, path))
+    return out
+
+
+def _seek(name: str) -> None:
+    """Import the module whose source registers `name` literally (a plugin first, then an unlisted method file), read
+    as syntax, so that a cell of one plugin's method never runs another's import-time code and its process loads what
+    its code (suite.core.cell_code) names; where none says so literally, every candidate is imported (_discover)."""
+    for module, path in _candidates():  # (a plugin named since the discovery too)
+        if path is not None and name in (_registrations(path) or ()):
+            importlib.import_module(module)
+            if name in _REGISTRY:
+                return
+    _discover()
 
 
 def load_all() -> None:
@@ -276,18 +283,27 @@ def load_all() -> None:
     _discover()
 
 
+def plugin_names() -> list[str]:
+    """The modules SUITE_PLUGINS names (comma-separated)."""
+    return [m for m in (m.strip() for m in os.environ.get("SUITE_PLUGINS", "").split(",")) if m]
+
+
+def _no_plugin(mod: str) -> ConfigError:
+    return ConfigError(
+        f"SUITE_PLUGINS names {mod!r}, which is not an importable module: give comma-separated module names "
+        "on the path (the tree, or PYTHONPATH), e.g. SUITE_PLUGINS=my_methods"
+    )
+
+
 def load_plugins() -> None:
     """Import the modules SUITE_PLUGINS names (comma-separated), whose methods register themselves."""
-    for mod in filter(None, (m.strip() for m in os.environ.get("SUITE_PLUGINS", "").split(","))):
+    for mod in plugin_names():
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:
             if exc.name != mod and not mod.startswith(f"{exc.name}."):
                 raise  # the plugin is there; something it imports is not: its own traceback says what
-            raise ConfigError(
-                f"SUITE_PLUGINS names {mod!r}, which is not an importable module: give comma-separated module names "
-                "on the path (the tree, or PYTHONPATH), e.g. SUITE_PLUGINS=my_methods"
-            ) from None
+            raise _no_plugin(mod) from None
 
 
 def _find(name: str) -> type[Method] | None:
@@ -299,7 +315,7 @@ def _find(name: str) -> type[Method] | None:
         if name not in _REGISTRY:
             raise RuntimeError(f"the method catalogue names {module} for {name!r}, which registers no such method")
     if name not in _REGISTRY:
-        _discover()
+        _seek(name)
     return _REGISTRY.get(name)
 
 
@@ -311,6 +327,11 @@ def names() -> list[str]:
 
 def is_registered(name: str) -> bool:
     return _find(name) is not None
+
+
+def is_loaded(name: str) -> bool:
+    """Whether a method of that name is registered in this process already (nothing is imported to find out)."""
+    return name in _REGISTRY
 
 
 def get(name: str) -> type[Method]:
