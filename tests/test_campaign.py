@@ -16,7 +16,6 @@ from suite.commands.sweep import sweep
 from suite.core import launcher, plan, runner
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
-from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 
 
@@ -69,7 +68,7 @@ def _fake_cell(throughputs: dict, order: list, clock: list):
         clock[0] += 10.0  # each cell-round takes ten (fake) seconds
         tp = throughputs[cell.row.name].pop(0)
         metrics = {"throughput": tp, "step_time_median": 1 / tp, "step_time_min": 1 / tp, "step_time_max": 1 / tp}
-        prov = {"methodology": METHODOLOGY_VERSION, "commit": "c0ffee", "code": code_digest()}
+        prov = {"methodology": METHODOLOGY_VERSION, "commit": "c0ffee", **cell.code}
         return {"status": "ok", "metrics": {**metrics, "timed_steps": 1}, "error": None, "provenance": prov}
 
     return run_cell

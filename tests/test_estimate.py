@@ -191,7 +191,7 @@ def test_counts_stored_for_the_target_cost_nothing_and_say_which_cells_pass_thei
     """Counts made before for the target's versions (suite.core.precount) replace the sweep's counts on the GPU:
     the estimate costs them nothing and takes their verdicts; under other versions they count for nothing."""
     from suite.core import precount
-    from suite.measure.provenance import code_digest, versions
+    from suite.measure.provenance import versions
 
     stages = {2: Stage("t", sweeps=(Sweep("table3", only=("amp-rc-u1", "l2l-cmp-u1")),))}
     got = get_experiment("table3").cells("paper", ["amp-rc-u1", "l2l-cmp-u1"], ["device=cuda"], None)
@@ -201,13 +201,14 @@ def test_counts_stored_for_the_target_cost_nothing_and_say_which_cells_pass_thei
     torch_v, transformers_v = versions()
     (env / "environment.json").write_text(json.dumps({"machine": {"torch": torch_v, "transformers": transformers_v}}))
     _record(tmp_path, l2l, step_time=1.0, rounds=1, duration=20.0)
-    prov = {"code": code_digest(), "torch": torch_v, "transformers": transformers_v}
-    precount.save(tmp_path, amp, {"status": "oom", "metrics": {}, "provenance": prov})
+    prov = {"torch": torch_v, "transformers": transformers_v}
+    prov_of = lambda cell: {**prov, "code": precount.count_of(cell).code["code"]}  # noqa: E731
+    precount.save(tmp_path, amp, {"status": "oom", "metrics": {}, "provenance": prov_of(amp)})
     lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
     assert lines["table3: counts of its capped cells"].seconds == pytest.approx(COUNTS_S / 2)
     assert "1 of 2 counted before" in lines["table3: counts of its capped cells"].source
     assert lines["table3/amp-rc-u1"].rounds == 0 and "counted past its cap" in lines["table3/amp-rc-u1"].source
-    precount.save(tmp_path, l2l, {"status": "ok", "metrics": {}, "provenance": prov})
+    precount.save(tmp_path, l2l, {"status": "ok", "metrics": {}, "provenance": prov_of(l2l)})
     lines = {ln.what: ln for ln in estimate(stages, "h100", results_dir=tmp_path)}
     assert lines["table3: counts of its capped cells"].seconds == 0.0
     (env / "environment.json").write_text(json.dumps({"machine": {"torch": "2.0.0", "transformers": transformers_v}}))

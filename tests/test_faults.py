@@ -572,7 +572,7 @@ def test_a_stored_count_or_planner_cache_cut_short_is_made_again(tmp_path, monke
     path = precount._path(tmp_path, cell)
     path.parent.mkdir(parents=True)
     path.write_text('{"status": "ok", "metr')
-    assert precount.load(tmp_path, cell, "code", "torch", None) is None
+    assert precount.load(tmp_path, cell, "torch", None) is None
 
     links = costmodel.links_path(tmp_path)
     links.write_text('{"p2p": {"lat')
@@ -604,11 +604,10 @@ def test_a_figure_goes_with_its_table_and_a_table_without_records_says_so(tmp_pa
     from suite.commands.sweep import render
     from suite.core import launcher
     from suite.core.experiment import get_experiment
-    from suite.measure.provenance import code_digest
     from suite.measure.step import METHODOLOGY_VERSION
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
-    prov = {"methodology": METHODOLOGY_VERSION, "code": code_digest()}
+    prov = {"methodology": METHODOLOGY_VERSION}
     memory = {"baseline-fp32": 2.0, "l2l-fp32": 1.0}  # cells 'counted' at once
     monkeypatch.setattr(
         launcher,
@@ -616,7 +615,7 @@ def test_a_figure_goes_with_its_table_and_a_table_without_records_says_so(tmp_pa
         lambda cell, timeout=None: {
             "status": "ok",
             "metrics": {"memory_gb": memory[cell.row.name]},
-            "provenance": prov,
+            "provenance": {**prov, **cell.code},
         },
     )
     exp = get_experiment("table2")

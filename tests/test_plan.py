@@ -6,11 +6,11 @@ import pytest
 from test_runner import make_experiment
 
 from suite.config.errors import ConfigError
+from suite.core.cell_code import code_of
 from suite.core.experiment import Row
 from suite.core.plan import COMPLETE, LEFT, NOT_RUN, PAST_CAP, RESUME, REUSED, RUN, STALE, TWIN, expand, plan
 from suite.core.recorder import Recorder
 from suite.core.request import SweepRequest
-from suite.measure.provenance import code_digest
 from suite.records.index import Index
 
 
@@ -25,12 +25,19 @@ def rows():
     ]
 
 
-def _outcome(status="ok", throughput=10.0, methodology="1"):
+def _code(kind="throughput", method="grad_accum"):
+    """The code a cell of `kind` and `method` runs now (suite.core.cell_code): a record of it is current."""
+    return code_of(kind, method)["code"]
+
+
+def _outcome(status="ok", throughput=10.0, methodology="1", cell=None):
+    """A cell's outcome by the code it runs now (a `grad_accum` cell's where no cell is given)."""
+    code = cell.code if cell is not None else {"code": _code()}
     return {
         "status": status,
         "metrics": {"throughput": throughput},
         "error": None,
-        "provenance": {"methodology": methodology, "code": code_digest()},
+        "provenance": {"methodology": methodology, **code},
     }
 
 
@@ -170,7 +177,7 @@ def test_a_stale_record_measured_again_is_kept_aside_and_a_cut_one_resumes(tmp_p
     with pytest.raises(runner.Interrupted):
         runner.run_cells(req, progress=lambda m: None)
     now = Index(tmp_path).cell(cell.key, "m")
-    assert now["status"] == "partial: 1/2 rounds" and now["provenance"]["code"] == code_digest()
+    assert now["status"] == "partial: 1/2 rounds" and now["provenance"]["code"] == _code()
     assert Index(tmp_path).kept(cell.key, "m", "old-sweep")[0]["provenance"]["code"] == "0123456789abcdef"
     again = plan(req, [cell], "m", lambda m: None)
     assert [(d.action, d.rounds) for d in again.decisions] == [(RESUME, 1)]
@@ -209,36 +216,25 @@ def test_the_recorder_saves_a_record_as_it_stands(tmp_path, rows):
 
 
 def test_a_resume_continues_only_rounds_of_the_same_code_and_harness():
-    """Rounds of other code (a digest of the tree) are measured anew; rounds of another harness (dropout path,
-    host LAMB kernel) are not merged with the latest one's."""
+    """Rounds of other code (the cell's code, suite.core.cell_code) are measured anew; rounds of another harness
+    (dropout path, host LAMB kernel) are not merged with the latest one's."""
     from suite.core.rounds import merge, resumable
     from suite.measure.step import METHODOLOGY_VERSION as M
 
     def rnd(tp, code=None, harness=None):
-        prov = {"methodology": M, "code": code or code_digest(), "harness": harness or {"dropout": {"per_sample": ""}}}
+        prov = {"methodology": M, "code": code or _code(), "harness": harness or {"dropout": {"per_sample": ""}}}
         return {"status": "ok", "metrics": {"throughput": tp}, "provenance": prov}
 
     partial = {"status": "partial: 2/3 rounds", "round_records": [rnd(10.0), rnd(12.0)]}
-    assert len(resumable(partial, M, code_digest())) == 2
+    assert len(resumable(partial, M, _code())) == 2
     assert resumable(partial, M, "another-tree") == []
     older = {"status": "partial: 1/3 rounds", "round_records": [{**rnd(10.0), "provenance": {"methodology": M}}]}
-    assert resumable(older, M, code_digest()) == []  # made before the digest: measured anew
+    assert resumable(older, M, _code()) == []  # made before the digest: measured anew
     fallback = {"dropout": {"per_sample": ""}, "host_lamb": "foreach (fallback: no compiler)"}
     merged = merge([rnd(10.0), rnd(12.0), rnd(30.0, harness=fallback)], planned=3)
     assert merged["status"] == "partial: 1/3 rounds, 2 set aside (another code or harness path)"
     assert merged["metrics"]["throughput"] == 30.0 and merged["metrics"]["throughput_rounds"] == [30.0]
     assert merge([rnd(10.0), rnd(12.0), rnd(11.0)], planned=3)["metrics"]["throughput"] == 11.0
-
-
-def test_the_code_digest_follows_the_files():
-    import importlib
-
-    from suite.measure import provenance
-
-    first = code_digest()
-    assert first == provenance.code_digest() and len(first) == 16
-    provenance.code_digest.cache_clear()
-    assert importlib.reload(provenance).code_digest() == first  # a fresh process hashes alike
 
 
 def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monkeypatch):
@@ -249,7 +245,8 @@ def test_a_row_the_same_as_another_tables_cell_reuses_its_record(tmp_path, monke
 
     t3 = SweepRequest(get_experiment("table3"), "tiny", only=["l2l-cmp-u1"], results_dir=tmp_path, wandb_mode="off")
     (c3,) = expand(t3)
-    Recorder(t3, {"slug": "m"}, "sweep-of-table3", print).save(c3, {**_outcome(), "metrics": {"throughput": 5.0}})
+    done = {**_outcome(cell=c3), "metrics": {"throughput": 5.0}}
+    Recorder(t3, {"slug": "m"}, "sweep-of-table3", print).save(c3, done)
     t4 = SweepRequest(get_experiment("table4"), "tiny", only=["1-rank-u*"], results_dir=tmp_path, wandb_mode="off")
     cells = expand(t4)
     seen = []
@@ -282,7 +279,7 @@ def test_a_row_the_same_as_another_tables_cell_is_measured_once_as_that_cell(tmp
 
     def run_cell(cell, timeout=None):
         ran.append(f"{cell.experiment}/{cell.row.name}")
-        return {**_outcome(), "metrics": {"throughput": 5.0, "memory_gb": 0.1}}
+        return {**_outcome(cell=cell), "metrics": {"throughput": 5.0, "memory_gb": 0.1}}
 
     monkeypatch.setattr(launcher, "run_cell", run_cell)
     t4 = SweepRequest(get_experiment("table4"), "tiny", only=["1-rank-u1"], results_dir=tmp_path, wandb_mode="off")
@@ -307,7 +304,7 @@ def test_a_twin_that_finished_badly_gives_the_row_its_status_and_across_nodes_a_
 
     t3 = SweepRequest(get_experiment("table3"), "tiny", only=["l2l-cmp-u1"], results_dir=tmp_path, wandb_mode="off")
     (c3,) = expand(t3)
-    Recorder(t3, {"slug": "m"}, "s3", print).save(c3, {**_outcome("oom"), "error": "out of memory"})
+    Recorder(t3, {"slug": "m"}, "s3", print).save(c3, {**_outcome("oom", cell=c3), "error": "out of memory"})
     t4 = SweepRequest(get_experiment("table4"), "tiny", only=["1-rank-u1"], results_dir=tmp_path, wandb_mode="off")
     (c4,) = expand(t4)
     got = same_as(t4, c4, "m")
@@ -325,7 +322,7 @@ def _a_count(tmp_path, rows):
     )
     (cell,) = expand(req)
     torch_v, transformers_v = versions()
-    prov = {"methodology": "1", "code": code_digest(), "torch": torch_v, "transformers": transformers_v}
+    prov = {"methodology": "1", "code": cell.code["code"], "torch": torch_v, "transformers": transformers_v}
     return req, cell, {"status": "ok", "metrics": {"memory_gb": 1.5}, "error": None, "provenance": prov}
 
 

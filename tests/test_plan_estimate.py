@@ -11,14 +11,14 @@ from suite.commands.campaign.stages import STAGES
 from suite.core import precount, registry, runner
 from suite.core.experiment import get_experiment
 from suite.core.recorder import Recorder
-from suite.measure.provenance import code_digest, versions
+from suite.measure.provenance import versions
 from suite.measure.step import METHODOLOGY_VERSION
 
 MACHINE = "h100-plan"
 
 
-def _ok(throughput=10.0):
-    prov = {"methodology": METHODOLOGY_VERSION, "code": code_digest()}
+def _ok(cell, throughput=10.0):
+    prov = {"methodology": METHODOLOGY_VERSION, **cell.code}
     return {"status": "ok", "metrics": {"throughput": throughput, "memory_gb": 1.0}, "error": None, "provenance": prov}
 
 
@@ -30,7 +30,7 @@ class Launches:
 
     def run(self, cell, timeout=None):
         self.log.append(f"{cell.experiment}/{cell.row.name}")
-        return _ok()
+        return _ok(cell)
 
     def close(self, completed):
         pass
@@ -51,25 +51,25 @@ def _seed(results_dir, monkeypatch, stage):
         cls = registry.get(name)
         if "deepspeed" in cls.requires:
             monkeypatch.setattr(cls, "unavailable", classmethod(lambda c: "deepspeed not installed"))
-    prov = {"code": code_digest(), "torch": torch_v, "transformers": transformers_v}
+    prov = {"torch": torch_v, "transformers": transformers_v}
     past = {("table5", "baseline-x16"), ("table5", "stash-gpu-x16"), ("table3", "amp-u1")}
     for s in stage.sweeps:
         for cell in precount.capped(precount.as_on_gpu(get_experiment(s.experiment), None)):
             status = "oom" if (cell.experiment, cell.row.name) in past else "ok"
-            precount.save(results_dir, cell, {"status": status, "metrics": {}, "provenance": prov})
-    one = [_ok()]
+            code = precount.count_of(cell).code["code"]
+            precount.save(results_dir, cell, {"status": status, "metrics": {}, "provenance": {**prov, "code": code}})
     records = {
         "table3": [
-            ("l2l-cmp-u2", _ok()),  # finished: reused
-            ("amp-rc-u1", {**_ok(), "status": "partial: 1/3 rounds", "round_records": one}),  # resumed
+            ("l2l-cmp-u2", _ok),  # finished: reused
+            ("amp-rc-u1", lambda c: {**_ok(c), "status": "partial: 1/3 rounds", "round_records": [_ok(c)]}),  # resumed
         ],
-        "table2": [("baseline-fp32", _ok()), ("l2l-cmp", _ok())],  # another sweep's reference: measured again
+        "table2": [("baseline-fp32", _ok), ("l2l-cmp", _ok)],  # another sweep's reference: measured again
     }
     for s in stage.sweeps:
         req = s.request(results_dir=results_dir, as_on_gpu=True)
         for row, outcome in records.get(s.experiment, []):
             (cell,) = precount.as_on_gpu(req.experiment, [row])
-            Recorder(req, {"slug": MACHINE}, "old", print).save(cell, outcome)
+            Recorder(req, {"slug": MACHINE}, "old", print).save(cell, outcome(cell))
 
 
 @pytest.mark.parametrize("number", sorted(n for n, s in STAGES.items() if s.sweeps))

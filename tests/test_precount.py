@@ -12,7 +12,7 @@ from suite.commands.sweep import sweep
 from suite.core import precount
 from suite.core.experiment import Row
 from suite.core.request import SweepRequest
-from suite.measure.provenance import code_digest, versions
+from suite.measure.provenance import versions
 
 CAPPED = {**TINY, "device_memory": "64MiB"}  # the tiny model fits under it
 
@@ -38,12 +38,12 @@ def test_a_stored_count_is_taken_where_code_and_versions_match_and_counted_again
     exp = _exp()
     a, b = exp.cells("tiny", None, None, None)
     stored = {"status": "oom", "metrics": {"memory_kind": "counted"}, "error": "stored"}
-    prov = {"code": code_digest(), "torch": versions()[0], "transformers": versions()[1]}
+    prov = {"torch": versions()[0], "transformers": versions()[1]}
     # a's stored count says oom (it fits: only the stored count can say so); b's was made by other code.
-    precount.save(tmp_path, a, {**stored, "provenance": prov})
+    precount.save(tmp_path, a, {**stored, "provenance": {**prov, "code": precount.count_of(a).code["code"]}})
     precount.save(tmp_path, b, {**stored, "provenance": {**prov, "code": "0" * 16}})
     assert precount.load(tmp_path, a, *prov.values())["status"] == "oom"
-    assert precount.load(tmp_path, a, prov["code"], "2.0.0", prov["transformers"]) is None  # another torch
+    assert precount.load(tmp_path, a, "2.0.0", prov["transformers"]) is None  # another torch
     assert precount.load(tmp_path, b, *prov.values()) is None
     seen: list[str] = []
     ra, rb = _sweep(tmp_path, exp, seen)
@@ -62,7 +62,7 @@ def test_the_precount_counts_each_capped_cell_as_cuda_has_it_without_cuda(tmp_pa
     seen: list[str] = []
     assert precounting.precount_stages("2", results_dir=tmp_path, timeout=300, progress=seen.append) == 0
     cells = exp.cells("paper", None, ["device=cuda"], None)  # the campaign's profile
-    mine = (code_digest(), *versions())
+    mine = versions()
     for cell in cells:
         got = precount.load(tmp_path, cell, *mine)
         assert got is not None and got["status"] == "ok" and got["metrics"]["memory_gb"] > 0, got

@@ -216,18 +216,17 @@ def test_a_call_that_measures_nothing_logs_no_table_whatever_the_clock_says(tmp_
     second call starts (a fast machine) was taken for that call's, and its sweep's table logged again (issue 62's
     run at HEAD). Here the record's clock says 'later' outright: reused as it stands, it logs no table."""
     from suite.core import launcher
-    from suite.measure.provenance import code_digest
     from suite.measure.step import METHODOLOGY_VERSION
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
-    prov = {"methodology": METHODOLOGY_VERSION, "code": code_digest(), "commit": "c" * 40}
+    prov = {"methodology": METHODOLOGY_VERSION, "commit": "c" * 40}
     monkeypatch.setattr(
         launcher,
         "run_cell",
         lambda cell, timeout=None: {
             "status": "ok",
             "metrics": {"throughput": 10.0, "memory_gb": 1.0},
-            "provenance": prov,
+            "provenance": {**prov, **cell.code},
         },
     )
     logged = []

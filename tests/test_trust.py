@@ -239,7 +239,6 @@ def test_rounds_set_aside_stay_in_evidence_when_the_cell_resumes_in_a_later_call
     import types
 
     from suite.core import runner
-    from suite.measure.provenance import code_digest
     from suite.measure.step import METHODOLOGY_VERSION
 
     monkeypatch.setenv("SUITE_MACHINE", "m")
@@ -249,7 +248,7 @@ def test_rounds_set_aside_stay_in_evidence_when_the_cell_resumes_in_a_later_call
     def timed(cell, timeout=None):
         clock[0] += 10.0
         out = inner(cell, timeout)
-        out["provenance"].update(methodology=METHODOLOGY_VERSION, code=code_digest())  # what a resume requires
+        out["provenance"].update(methodology=METHODOLOGY_VERSION, **cell.code)  # what a resume requires
         return out
 
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))

@@ -10,7 +10,6 @@ from suite.core import launcher
 from suite.core.experiment import get_experiment
 from suite.core.plan import expand
 from suite.core.request import SweepRequest
-from suite.measure.provenance import code_digest
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records import store
 from suite.records.index import Index
@@ -28,7 +27,7 @@ def ran(monkeypatch):
     def run_cell(cell, timeout=None):
         log["cells"].append(cell)
         rate = RATE[cell.row.name] * log["scale"]
-        prov = {"methodology": METHODOLOGY_VERSION, "code": code_digest()}
+        prov = {"methodology": METHODOLOGY_VERSION, **cell.code}
         metrics = {"throughput": rate, "memory_gb": rate / 10}
         return {"status": "ok", "metrics": metrics, "error": None, "provenance": prov}
 

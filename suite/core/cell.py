@@ -233,6 +233,7 @@ def execute(payload: dict) -> Outcome:
     from suite.measure.provenance import provenance
 
     started = time.time()
+    code = _code(payload)  # as the files are when the cell starts: compared with them at its end
     rng.reset()  # the paths this cell's draws take are its own, not those of the cells a worker ran before it
     fused_lamb.reset()  # and so is the host LAMB's kernel (a worker's earlier L2L cell asked for it, not this one)
     host_commit.reset()  # and L2L-CMP's host commit
@@ -263,9 +264,33 @@ def execute(payload: dict) -> Outcome:
         record["error"] = traceback.format_exc()[-4000:]
         if isinstance(exc, KeyboardInterrupt):
             record["status"] = "error: interrupted"
-    record["provenance"] = provenance(device, payload.get("profile", "?"), cap)
+    record["provenance"] = provenance(device, payload.get("profile", "?"), cap, _settled(code, _code(payload)))
     record["duration_s"] = time.time() - started
     return record
+
+
+def _code(payload: dict) -> dict:
+    """The code the cell ran (suite.core.cell_code), or none where it cannot be told (a payload without a run)."""
+    from suite.core.cell_code import code_of
+
+    try:
+        run = payload.get("run") or {}
+        return code_of(payload.get("kind", "throughput"), run.get("method"), run.get("options"))
+    except Exception:  # noqa: BLE001 — the record is kept whatever: one of no code is never current
+        return {}
+
+
+def _settled(before: dict, after: dict) -> dict:
+    """The cell's code where its files were the same at its start and end; else no code (`code: None`, never current:
+    the record is measured again) with the files that changed while it ran in `code_changed`."""
+    if before.get("code") == after.get("code"):
+        return after
+    from suite.measure import sources
+
+    return {
+        "code": None,
+        "code_changed": sources.changed(before.get("code_files") or {}, after.get("code_files") or {}),
+    }
 
 
 def main(argv: list[str]) -> int:

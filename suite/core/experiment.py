@@ -114,6 +114,14 @@ class Cell:
         return self.method_class.world_size(self.run)
 
     @property
+    def code(self) -> dict:
+        """The code the cell runs as its files are now (suite.core.cell_code.code_of): `code` and `code_files`, what
+        its record states in its provenance where this code measured it."""
+        from suite.core.cell_code import code_of
+
+        return code_of(self.kind, self.run.method, self.run.options)
+
+    @property
     def key(self) -> str:
         """Hash of the fully resolved config: the cell's identity in results/runs/."""
         blob = json.dumps(self.resolved(), sort_keys=True, default=str)

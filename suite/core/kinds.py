@@ -17,7 +17,8 @@ class CellKind(Entry):
     (suite.measure.contention; a timed kind records it over its timed steps). `on_host`: it runs on the host's CPU
     whatever device the run names (fake tensors, or arithmetic alone: a roofline), so a count or projection for a GPU
     can be made where there is none. `projected`: its figures are a projection (a model's arithmetic on stated
-    rates), never a measurement: its tables say so beside each figure."""
+    rates), never a measurement: its tables say so beside each figure. `also_runs`: the methods its function builds
+    besides the run's own (a benchmark's reference), part of its cells' code (suite.core.cell_code)."""
 
     timed: bool = False
     builds_method: bool = True
@@ -25,6 +26,7 @@ class CellKind(Entry):
     watched: bool = False
     on_host: bool = False
     projected: bool = False
+    also_runs: tuple[str, ...] = ()
 
 
 # A new kind is one line here and its function where it belongs; the function is imported when a cell runs.
@@ -36,7 +38,7 @@ KINDS = Catalogue(
         ("count", CellKind("suite.core.cell:count_cell", one_process=True, on_host=True)),
         ("count-vs-measured", CellKind("experiments.counted_vs_cuda:count_and_measure", one_process=True)),
         ("finetune", CellKind("suite.tasks.finetune:finetune_cell")),
-        ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell")),
+        ("pretrain", CellKind("suite.tasks.pretrain:pretrain_cell", also_runs=("grad_accum",))),
         ("all-ranks-throughput", CellKind("experiments.table4:all_ranks_throughput", timed=True)),
         ("planned", CellKind("methods.pipeline.planner.check:planned_cell", watched=True)),
         (
@@ -65,7 +67,12 @@ KINDS = Catalogue(
         ),
         ("bench-link", CellKind("experiments.benchmarks.link:link_cell", builds_method=False, watched=True)),
         ("bench-l2l-host-step", CellKind("experiments.benchmarks.l2l_host_step:host_step_cell", watched=True)),
-        ("bench-pipeline", CellKind("experiments.benchmarks.pipeline_vs_torch:pipeline_bench_cell", watched=True)),
+        (
+            "bench-pipeline",
+            CellKind(
+                "experiments.benchmarks.pipeline_vs_torch:pipeline_bench_cell", watched=True, also_runs=("grad_accum",)
+            ),
+        ),
     ],
 )
 

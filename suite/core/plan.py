@@ -17,8 +17,9 @@ from suite.core.kinds import is_timed
 from suite.core.request import SweepRequest
 from suite.core.rounds import resumable
 from suite.core.schedule import by_shape
+from suite.measure import sources
 from suite.measure.contention import contended
-from suite.measure.provenance import code_digest, versions
+from suite.measure.provenance import versions
 from suite.measure.step import METHODOLOGY_VERSION
 from suite.records.index import open_index
 from suite.records.schema import Outcome, Record, failed, machine_of, status_of
@@ -181,17 +182,22 @@ class Plan:
         return out
 
 
-def stale_reason(record: Record) -> str | None:
-    """Why a finished record is stale to this code: it was measured by another (its provenance's digest of the code,
-    suite.measure.provenance.code_digest), or by one that recorded none; None where this code measured it. What
-    decides a timed record is the code that ran it: a record of another code is evidence of that code, not of this
-    one, and is measured again (its old figures kept aside by the store: the index's `kept`)."""
+def stale_reason(record: Record, cell: Cell) -> str | None:
+    """Why a finished record is stale to this code: its cell's code (suite.core.cell_code: the files its engine, kind
+    and method load) is not the code that measured it, or it recorded none; None where the cell's code now is the
+    record's. What decides a timed record is the code that ran it: a record of another code is evidence of that code,
+    not of this one, and is measured again (its old figures kept aside by the store: the index's `kept`)."""
     prov = record.get("provenance") or {}
-    code, mine = prov.get("code"), code_digest()
-    if code == mine:
+    now = cell.code
+    if prov.get("code") == now["code"]:
         return None
     commit = f" at {str(prov['commit'])[:7]}" if prov.get("commit") else ""
-    return f"measured by code {code or '(unrecorded)'}{commit}; this code is {mine}"
+    said = f"measured by code {prov.get('code') or '(unrecorded)'}{commit}; this code is {now['code']}"
+    was = prov.get("code_files")
+    if not isinstance(was, dict):  # made before a record's code was its cell's (a digest of the whole tree)
+        return f"{said} (it names no files: the whole tree's digest)" if prov.get("code") else said
+    diff = sources.changed(was, now["code_files"])
+    return f"{said} ({', '.join(diff[:3])}{f' and {len(diff) - 3} more' if len(diff) > 3 else ''} changed)"
 
 
 def count_stale(record: Record) -> str | None:
@@ -221,7 +227,7 @@ def same_as(req: SweepRequest, cell: Cell, machine: str) -> Outcome | None:
         return None
     twin = {"experiment": experiment, "row": row, "key": twins[0].key}
     rec = open_index(req.results_dir).cell(twins[0].key, machine)
-    old = rec is not None and req.stale != "keep" and (why := stale_reason(rec)) is not None
+    old = rec is not None and req.stale != "keep" and (why := stale_reason(rec, twins[0])) is not None
     if rec is None or status_of(rec).unfinished or old:
         state = (f"stale: {why}" if old else rec["status"]) if rec is not None else "no record"
         why = f"the same cell as {experiment}/{row}, not finished on {machine} ({state}): measured there, read here"
@@ -282,7 +288,7 @@ def _decide(
         why = f"its record here was written by a newer suite (schema {version}): left untouched, not measured"
         progress(f"{tag}: {why}")
         return Decision(cell, UNTOUCHED, why, failed(f"error: {why}"))
-    kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, code_digest())
+    kept = [] if req.force else resumable(cached, METHODOLOGY_VERSION, cell.code["code"])
     if kept:
         if aside := cached["metrics"].get("rounds_set_aside"):  # what earlier calls set aside stays in evidence
             p.aside[cell.key] = list(aside)
@@ -305,7 +311,7 @@ def _decide(
         why = f"contended, kept: it cannot be measured again here ({cannot})" if busy else "not contended"
         return Decision(cell, LEFT, f"{why}: left as it stands (--contended)", cached)
     if cached and status_of(cached).finished and not req.force:
-        why = stale_reason(cached) if is_timed(cell.kind) else count_stale(cached) if cell.spec.on_host else None
+        why = stale_reason(cached, cell) if is_timed(cell.kind) else count_stale(cached) if cell.spec.on_host else None
         if why is not None and (cannot := not_run_reason(cell, req.measure, unavailable)) is not None:
             why += f"; kept, as it cannot be measured again here ({cannot})"  # never replaced by an error
         if why is None or req.stale == "keep" or cannot is not None:
@@ -336,10 +342,11 @@ def _decide(
 
 
 def counted_alike(req: SweepRequest, cell: Cell, machine: str) -> Record | None:
-    """Another machine's finished count of `cell` made by this code (provenance.code) under this torch and
-    transformers: a count runs on fake tensors, so what decides it is the code, the cell's config (its shapes and
-    counting device, in its key) and those versions, never the CPU; a new machine reuses it. None where none is."""
-    mine = {"code": code_digest(), **dict(zip(("torch", "transformers"), versions()))}
+    """Another machine's finished count of `cell` made by the cell's code now (provenance.code, suite.core.cell_code)
+    under this torch and transformers: a count runs on fake tensors, so what decides it is the code, the cell's config
+    (its shapes and counting device, in its key) and those versions, never the CPU; a new machine reuses it. None
+    where none is."""
+    mine = {"code": cell.code["code"], **dict(zip(("torch", "transformers"), versions()))}
     for rec in open_index(req.results_dir).others(cell.key, machine):
         prov = rec.get("provenance") or {}
         if status_of(rec).finished and all(prov.get(k) == v for k, v in mine.items()):

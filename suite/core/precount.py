@@ -4,8 +4,10 @@ A sweep with `precount` counts each capped timed cell first (fake tensors, on th
 past its cap `oom` without running it (suite.core.runner.counted_past_cap). A count needs no device: the same
 count made on a CPU that runs the GPU image's torch and transformers (the mimic environment, `make gpu-precount`)
 with the cell as the GPU resolves it (`device=cuda`) is the GPU's count, so it is stored under
-results/campaign/precount/ and the GPU's sweep takes it where the code (provenance.code) and both versions match,
-instead of spending device time on it. Anything else is counted again there.
+results/campaign/precount/ and the GPU's sweep takes it where its code (provenance.code: the count's cell's files,
+suite.core.cell_code, as they are there) and both versions match, instead of spending device time on it. Anything
+else is counted again there: a count of a cell whose method or harness changed since, never one whose other cells'
+methods did.
 """
 
 from __future__ import annotations
@@ -56,18 +58,13 @@ def save(results_dir: Path, cell: Cell, outcome: Outcome) -> Path:
     return write_atomic(path, json.dumps(rec, indent=1, default=str))
 
 
-def load(
-    results_dir: Path, cell: Cell, code: str, torch_version: str, transformers_version: str | None
-) -> Outcome | None:
-    """The stored count of `cell` if it was made by the same code (provenance.code) under the same torch and
-    transformers, and finished (fits, or `oom`); else None."""
+def load(results_dir: Path, cell: Cell, torch_version: str, transformers_version: str | None) -> Outcome | None:
+    """The stored count of `cell` if it was made by its count's code now (provenance.code, suite.core.cell_code) under
+    the given torch and transformers, and finished (fits, or `oom`); else None."""
     rec = read_object(_path(results_dir, cell))  # none, or cut short: counted again (and saved whole)
     if rec is None:
         return None
     prov = rec.get("provenance") or {}
-    same = (prov.get("code"), prov.get("torch"), prov.get("transformers")) == (
-        code,
-        torch_version,
-        transformers_version,
-    )
+    same = (prov.get("torch"), prov.get("transformers")) == (torch_version, transformers_version)
+    same = same and prov.get("code") == count_of(cell).code["code"]
     return rec if same and rec.get("status") in ("ok", "oom") else None

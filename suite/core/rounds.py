@@ -89,8 +89,8 @@ def comparable(outcome: Outcome) -> tuple:
 
 
 def resumable(record: Record | None, methodology: str, code: str) -> list[Outcome]:
-    """The measured rounds of a partial record made by the same methodology and the same code (a digest of the
-    tree, suite.measure.provenance.code_digest), to continue from; else none: the cell is measured anew."""
+    """The measured rounds of a partial record made by the same methodology and the same code (the cell's code now,
+    suite.core.cell_code), to continue from; else none: the cell is measured anew."""
     if not record or status_of(record).kind != "partial":
         return []
     rounds = record.get("round_records") or []

@@ -124,12 +124,12 @@ def counted_past_cap(
     peer's count on a CPU takes the host's allocations for the device's (docs/counting.md): one whose offload it can
     bound (Method.count_allowance) is counted against its cap plus that bound, any other always runs. A count stored
     before (suite.core.precount) by the same code under the same versions is taken instead of counting again."""
-    from suite.measure.provenance import code_digest, versions
+    from suite.measure.provenance import versions
 
     eligible = precount.capped(cells)
     if not eligible:
         return {}
-    mine = (code_digest(), *versions())
+    mine = versions()
     stored = {c.key: precount.load(results_dir, c, *mine) for c in eligible} if results_dir else {}
     fresh = [c for c in eligible if stored.get(c.key) is None]
     if len(fresh) < len(eligible):

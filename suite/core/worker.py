@@ -10,11 +10,11 @@ per-process settings (process_settings: threads, TF32 and the FP32 matmul precis
 flags, default dtype and device, grad and anomaly modes) go back to where the worker began.
 Before each job the worker proves it is as a fresh process would be for what the cell uses (suite.core.isolation:
 no library function replaced, none of the suite's or a plugin's set on torch or transformers, no thread left
-running); where it is not, and after a job whose method declares `patches_globals`, it ends, and the job runs in a
-fresh worker. The runner's side (suite.core.worker_client.Worker) starts it under the orphan guard, times each job
-out, and records a dead worker's job with its status. Every method takes its copy from the pool, L2L among them: the
-pool's pristine model stays resident through the job, so a job's host peak (`host_peak_gb`) holds
-`pool_held_bytes` besides its own.
+running, none of the job's code files changed since an earlier job named them: code_moved); where it is not, and
+after a job whose method declares `patches_globals`, it ends, and the job runs in a fresh worker. The runner's side
+(suite.core.worker_client.Worker) starts it under the orphan guard, times each job out, and records a dead worker's
+job with its status. Every method takes its copy from the pool, L2L among them: the pool's pristine model stays
+resident through the job, so a job's host peak (`host_peak_gb`) holds `pool_held_bytes` besides its own.
 """
 
 from __future__ import annotations
@@ -123,17 +123,34 @@ def patches_globals(payload: dict) -> bool:
         return False
 
 
+def code_moved(payload: dict, seen: dict[str, str]) -> list[str]:
+    """Whether the job's code files (suite.core.cell_code) hold other contents than when an earlier job of this worker
+    first named them: the worker may hold their older modules, so the job runs in a fresh process (its record would
+    state code it did not run). `seen` takes the files this job names for the first time."""
+    from suite.core.cell_code import code_of
+
+    run = payload.get("run") or {}
+    files = code_of(payload.get("kind", "throughput"), run.get("method"), run.get("options"))["code_files"]
+    moved = sorted(f for f, digest in files.items() if seen.get(f, digest) != digest)
+    for f, digest in files.items():
+        seen.setdefault(f, digest)
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return [f"{', '.join(moved[:3])}{more} changed since this worker ran an earlier cell"] if moved else []
+
+
 def main() -> int:
     from suite.core.isolation import Baseline
     from suite.harness import model
 
     model.POOL = model.ModelPool()
     STARTED_WITH.update(process_settings())
-    baseline = Baseline()
+    baseline, seen = Baseline(), {}
     for n, line in enumerate(sys.stdin, 1):
         job = json.loads(line)
         gc.collect()  # the last job's objects, and what they hold (a method's host thread), go first
-        if n > 1 and (taint := baseline.taint()):  # not as a fresh process would be: the job goes to a fresh one
+        moved = code_moved(job["payload"], seen)
+        taint = (baseline.taint() + moved) if n > 1 else []
+        if taint:  # not as a fresh process would be: the job goes to a fresh one
             write_atomic(job["out"], json.dumps({"worker_tainted": taint}))
             return 0
         write_atomic(job["out"], json.dumps(run_job(job, n), default=str))

@@ -18,6 +18,7 @@ from suite.harness.builds import build_lock, prepare_environment
 from suite.harness.processes import session_ticks
 
 SOURCES = Path(__file__).with_name("csrc")  # every .cpp there is one source of the module
+__code_data__ = ("csrc",)  # and so part of the code of every cell that loads this module (suite.measure.sources)
 # -march=native: the build is this CPU's (its name carries the CPU's flags, so a shared cache never hands one
 # machine another's code). fp-contract=off keeps the foreach LAMB's roundings; no-math-errno lets sqrt vectorise.
 # -fopenmp compiles the pragmas but is not passed to the linker: the OpenMP calls bind to the runtime torch has

@@ -17,6 +17,8 @@ from suite.config.paths import ROOT
 from suite.harness import fused_lamb, host_commit, rng
 from suite.measure.step import METHODOLOGY_VERSION
 
+# The checkout's code, for `dirty` and for the digest of the whole tree a campaign names what it sent by; a record's
+# own code is its cell's (suite.core.cell_code).
 CODE_PATHS = ("suite", "baselines", "methods", "experiments", "pyproject.toml")
 
 
@@ -45,9 +47,10 @@ def versions() -> tuple[str, str | None]:
 
 
 @functools.cache
-def code_digest() -> str:
-    """A digest of the code as it is on disk (every file under CODE_PATHS but caches), git or no git: what a resume
-    must share with the rounds it continues. A copy sent to another machine hashes alike; any edit does not."""
+def tree_digest() -> str:
+    """A digest of the whole tree's code as it is on disk (every file under CODE_PATHS but caches), git or no git: how
+    a campaign names the snapshot it sends (a copy hashes alike; any edit does not). Not a record's code, which is
+    its cell's files only (suite.core.cell_code)."""
     h = hashlib.sha256()
     for top in CODE_PATHS:
         root = Path(ROOT) / top
@@ -73,8 +76,9 @@ def device_info(device: torch.device) -> dict:
     }
 
 
-def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
-    """Everything needed to tell where and how a number was obtained."""
+def provenance(device: torch.device, profile: str, cap: int | None, code: dict | None = None) -> dict:
+    """Everything needed to tell where and how a number was obtained; `code`: the cell's (suite.core.cell_code.code_of:
+    its digest and files)."""
     # A launcher that copied the tree to another machine (the GPU campaign) states what it sent: the .git
     # that travels with such a copy can be stale, so its word wins over git's there.
     commit, source = os.environ.get("SUITE_COMMIT", ""), "SUITE_COMMIT"
@@ -97,7 +101,8 @@ def provenance(device: torch.device, profile: str, cap: int | None) -> dict:
         "device_memory_cap_gb": cap / 1e9 if cap else None,
         "profile": profile,
         "methodology": METHODOLOGY_VERSION,
-        "code": code_digest(),
+        "code": None,
+        **(code or {}),
         "threads": torch.get_num_threads(),
         "harness": harness(),
     }

@@ -230,7 +230,7 @@ def _values(exp, cell, rec, base_rec, base_row, flops: bool = False, device_busy
     base_rec = (rec or {}).get("reference") or base_rec  # a row of an earlier sweep: that sweep's reference (sections)
     same_sweep = bool(rec and base_rec and rec.get("sweep") == base_rec.get("sweep"))
     # A memory ratio across sweeps, never across code: what a step allocates is the code's, not the machine's load
-    same_code = bool(rec and base_rec and _code(rec) is not None and _code(rec) == _code(base_rec))
+    same_code = bool(rec and base_rec and _code(rec) is not None and not another_code(rec, base_rec))
     # A row timed on a busy machine, or against a baseline that was, shows its figures but no ratio of a rate
     # (its memory ratios stand: load does not change what a step allocates).
     busy = contended(metrics) or contended(metrics_of(base_rec))
@@ -296,9 +296,14 @@ def made_by_a_code(rec: Record) -> bool:
 
 
 def another_code(rec: Record, base: Record) -> bool:
-    """Whether `rec` was made by another code than `base`: their code digests differ, or, where either predates the
-    digest, their commits do. A record that names neither (not run, pending) is of no code."""
+    """Whether `rec` was made by another code than `base`. Records that name their cells' files (provenance.code_files,
+    suite.core.cell_code) are of one code where every file both cells load is alike (the harness they share; each
+    method's own files are its own). Else their code digests differ, or, where either predates the digest, their
+    commits do. A record that names neither (not run, pending) is of no code."""
     mine, theirs = rec.get("provenance") or {}, base.get("provenance") or {}
+    a, b = mine.get("code_files"), theirs.get("code_files")
+    if isinstance(a, dict) and isinstance(b, dict):
+        return any(a[f] != b[f] for f in a.keys() & b.keys())
     if mine.get("code") and theirs.get("code"):
         return mine["code"] != theirs["code"]
     return bool(mine.get("commit") and theirs.get("commit")) and mine["commit"] != theirs["commit"]
@@ -319,7 +324,8 @@ def codes(records: list[Record | None]) -> dict[int, str]:
     for i, rec in enumerate(records):
         if not rec or not made_by_a_code(rec):
             continue
-        home = next((g for g in groups if not another_code(rec, records[g[0]])), None)
+        # (one code with every member: records that share a file with one member need not with another)
+        home = next((g for g in groups if not any(another_code(rec, records[i]) for i in g)), None)
         if home is None:
             home = []
             groups.append(home)

@@ -122,7 +122,8 @@ def _config(rec: Record, section: str, table_sweep: str, reference: str, kind: s
         "rounds": timing_rounds(rec),
         "finished": str(rec.get("finished") or ""),
         "cell": rec.get("config") or {},
-        "provenance": prov,
+        # (its files' digests, provenance.code_files, stay in the record: `code` names them in one digest)
+        "provenance": {k: v for k, v in prov.items() if k != "code_files"},
         "fingerprint": rec.get("machine") or {},
     }
 

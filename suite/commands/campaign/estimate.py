@@ -52,7 +52,6 @@ from suite.core.registry import get as get_method
 from suite.core.schedule import pooled, shape_of
 from suite.harness.model import param_count, pool_limit
 from suite.measure import flops, machines
-from suite.measure.provenance import code_digest
 from suite.records.index import latest_of_rows, open_index, row_of
 from suite.records.schema import Outcome, Record, failed, machine_of
 
@@ -136,7 +135,7 @@ class CostTable:
         # the target's torch and transformers (its environment report; none without one).
         target = env.get("machine") or {}
         self.results_dir = results_dir
-        self.precount_as = (code_digest(), target["torch"], target.get("transformers")) if target.get("torch") else None
+        self.precount_as = (target["torch"], target.get("transformers")) if target.get("torch") else None
         self.ram = (target.get("cpu") or {}).get("ram_bytes") or DEFAULT_RAM
         self.pool_limit = pool_limit(self.ram)
         self.peak_name = machines.kind(device).gpu if device in machines.LENT else device

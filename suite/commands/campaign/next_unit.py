@@ -16,7 +16,7 @@ from suite.commands.campaign import stages
 from suite.commands.campaign.estimate import estimate
 from suite.config import paths
 from suite.core.plan import RUNS
-from suite.measure.provenance import code_digest, git_commit
+from suite.measure.provenance import git_commit, tree_digest
 
 LIMIT_S = stages.BUDGET_S  # one call's budget: inside the GPU machine's 10-minute command limit, with a margin
 
@@ -44,9 +44,9 @@ def next_unit(device: str = "h100", results_dir: Path | None = None, rounds: int
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     lines = estimate(stages.STAGES, device, rounds, True, results_dir)
     machine = _target(results_dir, device)
-    commit, code = git_commit() or "<commit>", code_digest()
+    commit, code = git_commit() or "<commit>", tree_digest()
     env = f"SUITE_COMMIT={commit} SUITE_DIRTY=0"
-    head = f"next unit for {device} at code {code} (commit {commit[:7]}):"
+    head = f"next unit for {device} at tree {code} (commit {commit[:7]}; each record states its cell's own code):"
     done, said = _stage1_done(results_dir, machine)
     if not done:
         cost = sum(ln.seconds for ln in lines if ln.stage == 1)

@@ -20,11 +20,11 @@ def precount_stages(which: str, results_dir=None, timeout: float = 1800.0, progr
 
     from suite.core import precount
     from suite.core.launcher import run_cell
-    from suite.measure.provenance import code_digest, versions
+    from suite.measure.provenance import versions
 
     results_dir = Path(results_dir or paths.RESULTS_DIR)
     numbers = stages.stage_numbers(which)
-    mine = (code_digest(), *versions())
+    mine = versions()
     cells = []
     for n in numbers:
         for s in stages.STAGES[n].sweeps:
@@ -32,8 +32,8 @@ def precount_stages(which: str, results_dir=None, timeout: float = 1800.0, progr
             got = precount.as_on_gpu(exp, list(s.only) if s.only else None)
             cells += [c for c in precount.capped(got) if precount.load(results_dir, c, *mine) is None]
     progress(
-        f"precount: {len(cells)} capped cell(s) of stage(s) {which} to count for CUDA (torch {mine[1]}, "
-        f"transformers {mine[2]}, code {mine[0]}), {os.cpu_count()} at a time"
+        f"precount: {len(cells)} capped cell(s) of stage(s) {which} to count for CUDA (torch {mine[0]}, "
+        f"transformers {mine[1]}, each cell's code as its files are now), {os.cpu_count()} at a time"
     )
     failed = 0
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
