@@ -123,7 +123,7 @@ def _read(path: Path) -> bytes | None:
 
 
 @cache
-def _facts(digest: str, data: bytes, name: str, path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _facts(data: bytes, name: str, path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What a file holds for the walk (cached by its content, so an edit is seen whatever its size or time), as module
     `name` at `path`: the modules its import statements name, and the files or folders it names as its own
     (`__code_data__`, listed again on every walk)."""
@@ -218,7 +218,7 @@ def files(modules: list[str] | tuple[str, ...], skip: tuple[str, ...] = ()) -> d
         found[path] = _digest(data)
         if data is None or path.suffix != ".py":
             continue
-        imported, entries = _facts(found[path], data, name, path)
+        imported, entries = _facts(data, name, path)
         for f in _data_files(path, entries):
             found.setdefault(f, _digest(_read(f)))
         todo += [m for m in imported if m not in seen]
