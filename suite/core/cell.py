@@ -271,11 +271,10 @@ def execute(payload: dict) -> Outcome:
 
 def _code(payload: dict) -> dict:
     """The code the cell ran (suite.core.cell_code), or none where it cannot be told (a payload without a run)."""
-    from suite.core.cell_code import code_of
+    from suite.core.cell_code import code_of_payload
 
     try:
-        run = payload.get("run") or {}
-        return code_of(payload.get("kind", "throughput"), run.get("method"), run.get("options"))
+        return code_of_payload(payload)
     except Exception:  # noqa: BLE001 — the record is kept whatever: one of no code is never current
         return {}
 

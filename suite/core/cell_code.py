@@ -44,3 +44,9 @@ def code_of(kind: str, method: str | None, options: dict | None = None) -> dict:
     run's `options`, as the files are now: what a record of such a cell states in its provenance."""
     files = sources.files(roots(kind, method, options), skip=NOT_CODE)
     return {"code": sources.digest(files), "code_files": files}
+
+
+def code_of_payload(payload: dict) -> dict:
+    """code_of the cell a payload (Cell.resolved()) describes, as a cell process or the worker reads it."""
+    run = payload.get("run") or {}
+    return code_of(payload.get("kind", "throughput"), run.get("method"), run.get("options"))

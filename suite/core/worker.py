@@ -127,10 +127,9 @@ def code_moved(payload: dict, seen: dict[str, str]) -> list[str]:
     """Whether the job's code files (suite.core.cell_code) hold other contents than when an earlier job of this worker
     first named them: the worker may hold their older modules, so the job runs in a fresh process (its record would
     state code it did not run). `seen` takes the files this job names for the first time."""
-    from suite.core.cell_code import code_of
+    from suite.core.cell_code import code_of_payload
 
-    run = payload.get("run") or {}
-    files = code_of(payload.get("kind", "throughput"), run.get("method"), run.get("options"))["code_files"]
+    files = code_of_payload(payload)["code_files"]
     moved = sorted(f for f, digest in files.items() if seen.get(f, digest) != digest)
     for f, digest in files.items():
         seen.setdefault(f, digest)

@@ -153,8 +153,7 @@ def _imported(tree: ast.Module, name: str, is_package: bool) -> list[str]:
         else:
             continue
         for target in filter(None, targets):
-            parts = target.split(".")
-            out += [".".join(parts[: i + 1]) for i in range(len(parts))]
+            out += _with_parents(target)
     return out
 
 

@@ -325,7 +325,7 @@ def codes(records: list[Record | None]) -> dict[int, str]:
         if not rec or not made_by_a_code(rec):
             continue
         # (one code with every member: records that share a file with one member need not with another)
-        home = next((g for g in groups if not any(another_code(rec, records[i]) for i in g)), None)
+        home = next((g for g in groups if not any(another_code(rec, records[j]) for j in g)), None)
         if home is None:
             home = []
             groups.append(home)
